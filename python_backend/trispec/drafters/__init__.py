@@ -1,0 +1,1 @@
+"""Drafters: whatever proposes the next k tokens for the target to verify."""

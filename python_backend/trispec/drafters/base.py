@@ -1,0 +1,52 @@
+"""The drafter interface.
+
+A drafter proposes up to k tokens for many sequences at once. Model drafters keep their own KV
+cache in step with the verified tokens: the scheduler feeds them prompt chunks (``prefill``) and
+tells them, after each verify, how many tokens of the sequence are verified (``rollback``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from trispec.engine.base import ForwardInput
+from trispec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    seq_id: int
+    # every verified token of the sequence so far: prompt + output
+    token_ids: Sequence[int]
+    num_draft_tokens: int
+    sampling: SamplingParams
+    generator: torch.Generator | None
+
+
+@dataclass(frozen=True)
+class DraftProposal:
+    tokens: list[int]
+    # the distributions the tokens were drawn from, [len(tokens), vocab]; None under greedy
+    probs: torch.Tensor | None = None
+
+
+class Drafter(Protocol):
+    def can_admit(self, max_length: int) -> bool: ...
+
+    def add_sequence(self, seq_id: int, max_length: int) -> None: ...
+
+    def prefill(self, chunks: Sequence[ForwardInput]) -> None:
+        """Feed prompt chunks (``num_logits`` 0) of many sequences ahead of drafting."""
+        ...
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]: ...
+
+    def rollback(self, seq_id: int, num_verified: int) -> None:
+        """The sequence's first ``num_verified`` tokens are verified; forget anything past them."""
+        ...
+
+    def free(self, seq_id: int) -> None: ...

@@ -1,0 +1,63 @@
+"""Draft with a model on any engine: a smaller checkpoint, or the target's own weights at lower
+precision (self-draft). All sequences draft together, one batched forward per draft position."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from trispec.drafters.base import DraftProposal, DraftRequest
+from trispec.engine.base import Engine, ForwardInput
+from trispec.sampling import logits_to_probs, sample
+
+
+class ModelDrafter:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def can_admit(self, max_length: int) -> bool:
+        return self.engine.can_reserve(max_length)
+
+    def add_sequence(self, seq_id: int, max_length: int) -> None:
+        self.engine.add_sequence(seq_id, max_length)
+
+    def prefill(self, chunks: Sequence[ForwardInput]) -> None:
+        if chunks:
+            self.engine.forward(chunks)
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
+        tokens: list[list[int]] = [[] for _ in requests]
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0]
+        # Position 0 feeds everything the draft cache lacks (the last verified token, or two when the
+        # previous round accepted all drafts), later positions feed the previous draft token.
+        feeds = {
+            i: list(requests[i].token_ids[self.engine.cached_length(requests[i].seq_id) :]) for i in active
+        }
+        while active:
+            logits = self.engine.forward([ForwardInput(requests[i].seq_id, feeds[i], 1) for i in active])
+            for i, row in zip(active, logits):
+                request = requests[i]
+                if request.sampling.greedy:
+                    token = int(torch.argmax(row[0]))
+                else:
+                    p = logits_to_probs(row, request.sampling)
+                    token = int(sample(p, request.generator)[0])
+                    probs[i].append(p[0])
+                tokens[i].append(token)
+                feeds[i] = [token]
+            active = [i for i in active if len(tokens[i]) < requests[i].num_draft_tokens]
+        return [
+            DraftProposal(tokens[i], torch.stack(probs[i]) if probs[i] else None)
+            if not r.sampling.greedy and tokens[i]
+            else DraftProposal(tokens[i])
+            for i, r in enumerate(requests)
+        ]
+
+    def rollback(self, seq_id: int, num_verified: int) -> None:
+        if self.engine.cached_length(seq_id) > num_verified:
+            self.engine.truncate(seq_id, num_verified)
+
+    def free(self, seq_id: int) -> None:
+        self.engine.free(seq_id)

@@ -1,0 +1,1 @@
+"""Engines: what runs a model's forward pass and owns its KV cache."""

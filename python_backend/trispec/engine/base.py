@@ -1,0 +1,75 @@
+"""The engine interface the scheduler and drafters talk to.
+
+An engine owns one model and its KV cache. A sequence's cache holds the keys/values of the tokens
+it has been fed so far (``cached_length``); ``forward`` appends new tokens for many sequences in one
+batched, ragged call (each sequence its own number of new tokens and its own length) and returns
+logits for the last ``num_logits`` new tokens of each; ``truncate`` rolls a sequence back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class ForwardInput:
+    """New tokens for one sequence. Positions continue from the sequence's cached length."""
+
+    seq_id: int
+    token_ids: Sequence[int]
+    # Logits are returned for the last ``num_logits`` of ``token_ids`` (0: none, e.g. a prefill chunk).
+    num_logits: int
+
+
+@runtime_checkable
+class Engine(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_context(self) -> int:
+        """Longest sequence (prompt + generated + drafts in flight) one sequence may hold."""
+        ...
+
+    def can_reserve(self, max_length: int) -> bool:
+        """Whether a new sequence of up to ``max_length`` tokens fits in the free KV budget now."""
+        ...
+
+    def add_sequence(self, seq_id: int, max_length: int) -> None:
+        """Register a sequence and reserve KV room for ``max_length`` tokens (CapacityError if not)."""
+        ...
+
+    def cached_length(self, seq_id: int) -> int: ...
+
+    def forward(self, inputs: Sequence[ForwardInput]) -> list[torch.Tensor]:
+        """Append each input's tokens to its sequence's cache in ONE batched pass.
+
+        Returns one float32 tensor per input, shape ``[num_logits, vocab_size]`` (``[0, vocab]`` when
+        no logits were asked for), in the order of ``inputs``.
+        """
+        ...
+
+    def truncate(self, seq_id: int, length: int) -> None:
+        """Roll back: keep the first ``length`` cached tokens, free whole blocks no longer needed."""
+        ...
+
+    def free(self, seq_id: int) -> None:
+        """Forget the sequence and return all its blocks and its reservation to the pool."""
+        ...
+
+    def kv_usage(self) -> KVUsage: ...
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    total_blocks: int
+    used_blocks: int
+    block_size: int
+
+    @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.used_blocks

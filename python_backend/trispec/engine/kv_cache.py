@@ -1,0 +1,191 @@
+"""Paged KV cache: one pool of fixed-size blocks per engine, handed out to sequences on demand.
+
+The pool is two tensors (keys and values) of shape ``[num_layers, num_blocks * block_size, kv_heads,
+head_dim]``: a token's "slot" is ``block * block_size + offset``. A sequence owns a block table (its
+blocks in order); the ``BlockManager`` does the bookkeeping and never touches tensor data, so it is
+cheap and easy to unit-test.
+
+Reservations: a sequence reserves room for its whole ``max_length`` when it is added. Blocks are
+still allocated lazily (as tokens arrive), but the reservation guarantees the free list can always
+serve them, so a decode step can never run out of memory mid-flight. Speculative rollback is
+``truncate``: the length moves back, whole blocks past the new length return to the free list, and
+stale entries inside the kept last block are simply overwritten by the next append.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trispec.errors import CapacityError, ConfigError
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Number of blocks needed to hold ``num_tokens`` tokens."""
+    return -(-num_tokens // block_size)
+
+
+@dataclass
+class _SeqBlocks:
+    reserved_blocks: int
+    max_length: int
+    length: int = 0
+    table: list[int] = field(default_factory=list)
+
+
+class BlockManager:
+    """Free list + per-sequence block tables + reservations. Pure bookkeeping, no tensors."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1:
+            raise ConfigError("num_blocks", f"must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ConfigError("block_size", f"must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        # A stack: the most recently freed block is reused first (it is likely still in cache).
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._seqs: dict[int, _SeqBlocks] = {}
+        # Blocks promised to sequences but not yet allocated; the free list always covers them.
+        self._unallocated_reserved = 0
+
+    # -- queries -------------------------------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def reservable_blocks(self) -> int:
+        """Blocks a new sequence may still reserve (free blocks not promised to anyone)."""
+        return len(self._free) - self._unallocated_reserved
+
+    def can_reserve(self, max_length: int) -> bool:
+        return max_length >= 0 and blocks_for(max_length, self.block_size) <= self.reservable_blocks
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self._seqs
+
+    def seq_ids(self) -> list[int]:
+        return list(self._seqs)
+
+    def length(self, seq_id: int) -> int:
+        return self._get(seq_id).length
+
+    def max_length(self, seq_id: int) -> int:
+        return self._get(seq_id).max_length
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return self._get(seq_id).table
+
+    # -- mutations -----------------------------------------------------------------------------
+    def add(self, seq_id: int, max_length: int) -> None:
+        if seq_id in self._seqs:
+            raise ValueError(f"seq_id {seq_id} is already registered")
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        need = blocks_for(max_length, self.block_size)
+        if need > self.reservable_blocks:
+            raise CapacityError(
+                f"sequence {seq_id} needs {need} KV blocks for {max_length} tokens, "
+                f"only {self.reservable_blocks} of {self.num_blocks} can be reserved"
+            )
+        self._seqs[seq_id] = _SeqBlocks(reserved_blocks=need, max_length=max_length)
+        self._unallocated_reserved += need
+
+    def append(self, seq_id: int, num_tokens: int) -> None:
+        """Grow the sequence by ``num_tokens``, allocating blocks from its reservation."""
+        seq = self._get(seq_id)
+        new_length = seq.length + num_tokens
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        if new_length > seq.max_length:
+            raise ValueError(f"seq {seq_id}: {new_length} tokens exceed its reservation of {seq.max_length}")
+        need = blocks_for(new_length, self.block_size) - len(seq.table)
+        for _ in range(need):
+            seq.table.append(self._free.pop())
+        self._unallocated_reserved -= max(need, 0)
+        seq.length = new_length
+
+    def truncate(self, seq_id: int, length: int) -> None:
+        """Keep the first ``length`` tokens; whole blocks past them go back to the free list."""
+        seq = self._get(seq_id)
+        if not 0 <= length <= seq.length:
+            raise ValueError(f"seq {seq_id}: cannot truncate to {length} (length is {seq.length})")
+        keep = blocks_for(length, self.block_size)
+        released = seq.table[keep:]
+        del seq.table[keep:]
+        # Freed blocks stay reserved for this sequence (it may grow again up to max_length).
+        self._free.extend(reversed(released))
+        self._unallocated_reserved += len(released)
+        seq.length = length
+
+    def free(self, seq_id: int) -> None:
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise ValueError(f"unknown seq_id {seq_id}")
+        self._free.extend(reversed(seq.table))
+        self._unallocated_reserved -= seq.reserved_blocks - len(seq.table)
+
+    def _get(self, seq_id: int) -> _SeqBlocks:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise ValueError(f"unknown seq_id {seq_id}")
+        return seq
+
+
+class KVCache:
+    """The key/value tensors of the pool. ``slot = block * block_size + offset``."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+    ) -> None:
+        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        # Zero-filled so that masked-out (padding) slots never hold NaN/inf garbage.
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+
+    @staticmethod
+    def bytes_per_block(
+        *, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+    @classmethod
+    def num_blocks_for_budget(
+        cls,
+        kv_cache_mb: float,
+        *,
+        num_layers: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+    ) -> int:
+        per_block = cls.bytes_per_block(
+            num_layers=num_layers,
+            block_size=block_size,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+        )
+        n = int(kv_cache_mb * 1024 * 1024) // per_block
+        if n < 1:
+            raise ConfigError(
+                "kv_cache_mb", f"{kv_cache_mb} MiB holds no block of {per_block / 2**20:.3f} MiB"
+            )
+        return n

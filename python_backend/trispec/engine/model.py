@@ -1,0 +1,531 @@
+"""A compact Llama-family decoder (Llama, SmolLM2, Qwen2) running on a packed, ragged batch.
+
+The forward pass takes the NEW tokens of many sequences packed into one ``[T]`` vector (each
+sequence its own count and start position) and the paged KV cache:
+
+* every linear layer runs once over all ``T`` packed tokens (the big win of batching on CPU);
+* attention runs per *group*: sequences with the same number of new tokens are packed next to each
+  other, so a group's queries are a plain ``view`` ``[B, n, H, D]``; its keys/values are gathered from
+  the cache with one ``index_select`` per layer (indices computed once per forward, shared by all
+  layers) and padded to the group's longest context with a boolean mask;
+* the LM head (the biggest matmul for a 49k vocabulary) runs only on rows whose logits are wanted.
+
+Weights are plain tensors (no ``nn.Module`` per layer) to keep per-layer Python overhead small:
+decode on a 135M model is dominated by ~20 small ops x 30 layers, not by FLOPs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from trispec.errors import ConfigError
+
+Arch = Literal["llama", "qwen2"]
+# HF ``model_type`` values that are the same network as one of ours.
+_HF_MODEL_TYPES: dict[str, Arch] = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    arch: Arch
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    # Bias on q/k/v (always on for Qwen2). For Llama, HF's ``attention_bias`` also adds an o_proj bias.
+    attention_bias: bool = False
+    max_position_embeddings: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("llama", "qwen2"):
+            raise ConfigError("arch", f"unsupported architecture {self.arch!r} (llama, qwen2)")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError("num_kv_heads", f"{self.num_kv_heads} does not divide {self.num_heads} heads")
+        if self.head_dim % 2:
+            raise ConfigError("head_dim", f"must be even for RoPE, got {self.head_dim}")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def o_bias(self) -> bool:
+        return self.arch == "llama" and self.attention_bias
+
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelArgs:
+        """From a HF ``config.json`` dict (transformers 4.x ``rope_theta`` or 5.x ``rope_parameters``)."""
+        model_type = cfg.get("model_type", "llama")
+        arch = _HF_MODEL_TYPES.get(model_type)
+        if arch is None:
+            raise ConfigError("model_type", f"unsupported model_type {model_type!r}")
+        rope = cfg.get("rope_parameters") or {}
+        rope_scaling = cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type") or rope_scaling.get("rope_type") or rope_scaling.get("type")
+        if rope_type not in (None, "default"):
+            raise ConfigError("rope_scaling", f"rope type {rope_type!r} is not supported")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ConfigError("hidden_act", f"only silu is supported, got {cfg['hidden_act']!r}")
+        if cfg.get("mlp_bias"):
+            raise ConfigError("mlp_bias", "MLP biases are not supported")
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        return cls(
+            arch=arch,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", False)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        )
+
+    @classmethod
+    def from_gguf(cls, reader: Any) -> ModelArgs:
+        """From a ``gguf.GGUFReader``'s metadata (llama or qwen2 architecture)."""
+
+        def get(key: str, default: Any = None) -> Any:
+            f = reader.fields.get(key)
+            return default if f is None else f.contents()
+
+        arch = get("general.architecture")
+        if arch not in ("llama", "qwen2"):
+            raise ConfigError("general.architecture", f"unsupported GGUF architecture {arch!r}")
+        hidden = int(get(f"{arch}.embedding_length"))
+        heads = int(get(f"{arch}.attention.head_count"))
+        names = {t.name: t for t in reader.tensors}
+        vocab = get(f"{arch}.vocab_size")
+        if vocab is None:  # older files: the embedding's row count (GGUF shapes are [in, out])
+            vocab = int(names["token_embd.weight"].shape[-1])
+        if get(f"{arch}.rope.scaling.type", "none") not in ("none", None):
+            raise ConfigError("rope.scaling.type", "RoPE scaling is not supported")
+        return cls(
+            arch=arch,
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=int(get(f"{arch}.feed_forward_length")),
+            num_layers=int(get(f"{arch}.block_count")),
+            num_heads=heads,
+            num_kv_heads=int(get(f"{arch}.attention.head_count_kv", heads)),
+            head_dim=int(get(f"{arch}.attention.key_length", hidden // heads)),
+            rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
+            rms_norm_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            tie_embeddings="output.weight" not in names,
+            attention_bias=arch == "qwen2",
+            max_position_embeddings=int(get(f"{arch}.context_length", 2048)),
+        )
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """A HF config dict (``LlamaConfig(**d)`` / ``Qwen2Config(**d)``) describing the same model."""
+        cfg: dict[str, Any] = {
+            "model_type": self.arch,
+            "architectures": ["LlamaForCausalLM" if self.arch == "llama" else "Qwen2ForCausalLM"],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "tie_word_embeddings": self.tie_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+        }
+        if self.arch == "llama":
+            cfg["attention_bias"] = self.attention_bias
+        return cfg
+
+
+# ---------------------------------------------------------------------------------------------------
+# Linear layers: dense (fp32/bf16) here, int8 weight-only in quant.py. Plain callables, not Modules.
+
+
+class Linear(Protocol):
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class DenseLinear:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight.contiguous()
+        self.bias = bias
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor
+    qkv: Linear  # q, k, v fused: one matmul instead of three
+    o: Linear
+    mlp_norm: torch.Tensor
+    gate_up: Linear  # gate and up fused
+    down: Linear
+
+
+# ---------------------------------------------------------------------------------------------------
+# Per-forward metadata, computed once and shared by every layer.
+
+
+@dataclass
+class AttnGroup:
+    """Sequences with the same number ``n`` of new tokens, contiguous in the packed batch."""
+
+    t0: int  # first packed row of the group
+    batch: int  # sequences in the group
+    n: int  # new tokens per sequence
+    ctx: int  # longest context (cached + new) in the group; keys are padded to it
+    kv_slots: torch.Tensor | None  # [batch * ctx] cache slots to gather; None: use the new k/v
+    mask: torch.Tensor | None  # [batch, 1, n, ctx] bool, True = attend
+    causal: bool  # plain causal mask (fresh prefill, queries == keys)
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # [T] packed new tokens (group order)
+    cos: torch.Tensor  # [T, 1, D]
+    sin: torch.Tensor  # [T, 1, D] (sign folded in, see ``apply_rope``)
+    slots: torch.Tensor  # [T] cache slot of each new token
+    groups: list[AttnGroup]
+    logit_rows: torch.Tensor | slice  # packed rows to run the LM head on
+
+
+@dataclass(frozen=True)
+class SeqSpec:
+    """One sequence of a forward: ``n`` new tokens appended at ``start`` (its cached length)."""
+
+    tokens: Sequence[int]
+    start: int
+    block_table: Sequence[int]
+    num_logits: int
+
+
+def rope_tables(args: ModelArgs, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / signed-sin tables ``[length, head_dim]`` (HF rotate_half convention, fp32)."""
+    d = args.head_dim
+    # Same arithmetic as HF's default rope init so that fp32 parity is exact.
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    # rotate_half(x) * sin == roll(x, d/2) * [-sin_lo, sin_hi]: one roll instead of two slices + cat.
+    sin = torch.cat((-sin[:, : d // 2], sin[:, d // 2 :]), dim=-1)
+    return cos, sin
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, D]; cos/sin: [T, 1, D]."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
+
+
+class Transformer:
+    """The network: weights + ``forward(batch, k_cache, v_cache)``. Build batches with ``make_batch``."""
+
+    def __init__(
+        self,
+        args: ModelArgs,
+        *,
+        embed: torch.Tensor,
+        layers: list[LayerWeights],
+        norm: torch.Tensor,
+        lm_head: Linear,
+        embed_scales: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+        rope_length: int | None = None,
+    ) -> None:
+        self.args = args
+        self.dtype = dtype
+        self.embed = embed  # [V, hidden]; int8 when embed_scales is given (per-row scales)
+        self.embed_scales = embed_scales
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = lm_head
+        self.scale = 1.0 / math.sqrt(args.head_dim)
+        cos, sin = rope_tables(args, rope_length or args.max_position_embeddings)
+        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+
+    # -- batch metadata ------------------------------------------------------------------------
+    def make_batch(self, seqs: Sequence[SeqSpec], block_size: int) -> tuple[Batch, list[tuple[int, int]]]:
+        """Pack ``seqs`` (grouped by new-token count) and precompute what every layer needs.
+
+        Returns the batch and, for each input sequence in order, ``(first_logit_row, num_logits)``
+        into the logits that ``forward`` returns.
+        """
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens))
+        groups: list[AttnGroup] = []
+        tokens: list[int] = []
+        positions: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []
+        logit_rows: list[int] = []
+        logit_span: list[tuple[int, int]] = [(0, 0)] * len(seqs)
+        i = 0
+        while i < len(order):
+            n = len(seqs[order[i]].tokens)
+            j = i
+            while j < len(order) and len(seqs[order[j]].tokens) == n:
+                j += 1
+            members = [seqs[k] for k in order[i:j]]
+            t0 = len(tokens)
+            for k, s in zip(order[i:j], members, strict=True):
+                row0 = len(tokens) + n - s.num_logits
+                logit_span[k] = (len(logit_rows), s.num_logits)
+                logit_rows.extend(range(row0, row0 + s.num_logits))
+                tokens.extend(s.tokens)
+            i = j
+            if n == 0:
+                continue
+            group, pos, new_slots = self._make_group(members, t0, n, block_size)
+            groups.append(group)
+            positions.append(pos)
+            slots.append(new_slots)
+        T = len(tokens)
+        pos_t = torch.cat(positions) if len(positions) != 1 else positions[0]
+        if T == 0:
+            pos_t = torch.zeros(0, dtype=torch.long)
+        rows: torch.Tensor | slice
+        if logit_rows and logit_rows == list(range(logit_rows[0], logit_rows[0] + len(logit_rows))):
+            rows = slice(logit_rows[0], logit_rows[0] + len(logit_rows))  # a view, no gather
+        else:
+            rows = torch.tensor(logit_rows, dtype=torch.long)
+        batch = Batch(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            cos=self.cos[pos_t].unsqueeze(1),
+            sin=self.sin[pos_t].unsqueeze(1),
+            slots=torch.cat(slots) if len(slots) != 1 else slots[0],
+            groups=groups,
+            logit_rows=rows,
+        )
+        return batch, logit_span
+
+    @staticmethod
+    def _make_group(
+        members: list[SeqSpec], t0: int, n: int, block_size: int
+    ) -> tuple[AttnGroup, torch.Tensor, torch.Tensor]:
+        b = len(members)
+        starts = torch.tensor([s.start for s in members], dtype=torch.long)
+        ctx = max(s.start for s in members) + n
+        # Padded block tables [b, max_blocks]; padding points at block 0 (masked out, never written).
+        nblk = -(-ctx // block_size)
+        table = torch.zeros(b, nblk, dtype=torch.long)
+        for r, s in enumerate(members):
+            table[r, : len(s.block_table)] = torch.as_tensor(s.block_table[:nblk], dtype=torch.long)
+        pos = starts[:, None] + torch.arange(n)  # [b, n] absolute positions of the new tokens
+        new_slots = (table.gather(1, pos // block_size) * block_size + pos % block_size).flatten()
+        fresh = all(s.start == 0 for s in members)
+        if fresh:
+            # Keys are exactly the new tokens: attend to them directly, skip the cache gather.
+            kv_slots, mask, causal = None, None, n > 1
+        else:
+            kv_slots = (table[:, :, None] * block_size + torch.arange(block_size)).view(b, -1)[:, :ctx]
+            kv_slots = kv_slots.flatten()
+            if n == 1 and all(s.start + 1 == ctx for s in members):
+                mask = None  # every query sees every key
+            else:
+                mask = (torch.arange(ctx)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+            causal = False
+        return AttnGroup(t0, b, n, ctx, kv_slots, mask, causal), pos.flatten(), new_slots
+
+    # -- forward -------------------------------------------------------------------------------
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.embed_scales is None:
+            return F.embedding(tokens, self.embed)
+        # int8 table: dequantize only the looked-up rows.
+        return F.embedding(tokens, self.embed).to(self.dtype) * self.embed_scales[tokens, None]
+
+    def forward(self, batch: Batch, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Run the packed batch; write its keys/values; return float32 logits of ``logit_rows``."""
+        a = self.args
+        H, KV, D = a.num_heads, a.num_kv_heads, a.head_dim
+        hidden, eps, inter = a.hidden_size, a.rms_norm_eps, a.intermediate_size
+        x = self.embed_tokens(batch.tokens)
+        T = x.shape[0]
+        cos, sin, slots = batch.cos, batch.sin, batch.slots
+        for li, layer in enumerate(self.layers):
+            h = F.rms_norm(x, (hidden,), layer.attn_norm, eps)
+            qkv = layer.qkv(h)
+            # Rotate q and k together (one set of rope ops for both).
+            qk = apply_rope(qkv[:, : (H + KV) * D].view(T, H + KV, D), cos, sin)
+            q, k = qk[:, :H], qk[:, H:]
+            v = qkv[:, (H + KV) * D :].view(T, KV, D)
+            kc, vc = k_cache[li], v_cache[li]
+            kc.index_copy_(0, slots, k)
+            vc.index_copy_(0, slots, v)
+            attn = self._attention(batch.groups, q, k, v, kc, vc)
+            x = x + layer.o(attn)
+            h = F.rms_norm(x, (hidden,), layer.mlp_norm, eps)
+            gu = layer.gate_up(h)
+            x = x + layer.down(F.silu(gu[:, :inter]) * gu[:, inter:])
+        x = x[batch.logit_rows]
+        x = F.rms_norm(x, (hidden,), self.norm, eps)
+        return self.lm_head(x).float()
+
+    def _attention(
+        self,
+        groups: list[AttnGroup],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+    ) -> torch.Tensor:
+        H, KV, D = self.args.num_heads, self.args.num_kv_heads, self.args.head_dim
+        outs = []
+        for g in groups:
+            rows = slice(g.t0, g.t0 + g.batch * g.n)
+            qg = q[rows].view(g.batch, g.n, H, D).transpose(1, 2)
+            if g.kv_slots is None:
+                kg = k[rows].view(g.batch, g.n, KV, D).transpose(1, 2)
+                vg = v[rows].view(g.batch, g.n, KV, D).transpose(1, 2)
+            else:
+                kg = kc.index_select(0, g.kv_slots).view(g.batch, g.ctx, KV, D).transpose(1, 2)
+                vg = vc.index_select(0, g.kv_slots).view(g.batch, g.ctx, KV, D).transpose(1, 2)
+            o = F.scaled_dot_product_attention(
+                qg, kg, vg, attn_mask=g.mask, is_causal=g.causal, scale=self.scale, enable_gqa=KV != H
+            )
+            outs.append(o.transpose(1, 2).reshape(g.batch * g.n, H * D))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Building a Transformer from a HF-layout state dict.
+
+_HF_LAYER = "model.layers.{}."
+
+
+def build_transformer(
+    args: ModelArgs,
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    dtype: torch.dtype = torch.float32,
+    weight_quant: str | None = None,
+    rope_length: int | None = None,
+) -> Transformer:
+    """Fuse a HF-named state dict (``model.layers.N.self_attn.q_proj.weight`` ...) into our layout.
+
+    ``weight_quant="int8"``: every linear layer (and the embedding / LM head) becomes weight-only
+    int8 with per-output-channel scales; activations run in ``dtype`` (bfloat16 is the fast path).
+    """
+    from trispec.engine import quant
+
+    if weight_quant not in (None, "int8"):
+        raise ConfigError("weight_quant", f"unsupported weight_quant {weight_quant!r} (None, 'int8')")
+
+    def get(name: str) -> torch.Tensor:
+        t = state_dict.get(name)
+        if t is None:
+            raise ConfigError("checkpoint", f"missing tensor {name!r}")
+        return t.detach().to(torch.float32)
+
+    def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+        b = None if bias is None else bias.to(dtype)
+        if weight_quant == "int8":
+            return quant.Int8Linear.from_float(weight, b, dtype=dtype)
+        return DenseLinear(weight.to(dtype), b)
+
+    layers = []
+    for i in range(args.num_layers):
+        p = _HF_LAYER.format(i)
+        qkv_w = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+        qkv_b = (
+            torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if args.attention_bias else None
+        )
+        o_b = get(p + "self_attn.o_proj.bias") if args.o_bias else None
+        gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+        layers.append(
+            LayerWeights(
+                attn_norm=get(p + "input_layernorm.weight").to(dtype),
+                qkv=linear(qkv_w, qkv_b),
+                o=linear(get(p + "self_attn.o_proj.weight"), o_b),
+                mlp_norm=get(p + "post_attention_layernorm.weight").to(dtype),
+                gate_up=linear(gate_up),
+                down=linear(get(p + "mlp.down_proj.weight")),
+            )
+        )
+    embed_f = get("model.embed_tokens.weight")
+    if weight_quant == "int8":
+        embed_q = quant.Int8Linear.from_float(embed_f, None, dtype=dtype)
+        embed, embed_scales = embed_q.weight, embed_q.scales
+        if args.tie_embeddings:
+            lm_head: Linear = embed_q  # one int8 table serves lookup and LM head
+        else:
+            lm_head = linear(get("lm_head.weight"))
+    else:
+        embed, embed_scales = embed_f.to(dtype).contiguous(), None
+        lm_head = DenseLinear(embed) if args.tie_embeddings else linear(get("lm_head.weight"))
+    return Transformer(
+        args,
+        embed=embed,
+        layers=layers,
+        norm=get("model.norm.weight").to(dtype),
+        lm_head=lm_head,
+        embed_scales=embed_scales,
+        dtype=dtype,
+        rope_length=rope_length,
+    )
+
+
+def random_state_dict(args: ModelArgs, seed: int) -> dict[str, torch.Tensor]:
+    """Deterministic random HF-named weights (fp32).
+
+    HF's init (normal, std 0.02) makes a tiny model's logits nearly flat and greedy decoding a
+    constant token. Here projections are 1/sqrt(fan_in)-scaled, and the residual writers (o, down)
+    get gain 2 over a 0.3-std embedding so that the layers, not the current token's own embedding,
+    dominate the final hidden state: with tied embeddings the latter makes greedy repeat the input.
+    """
+    g = torch.Generator().manual_seed(seed)
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * std
+
+    h, inter, d = args.hidden_size, args.intermediate_size, args.head_dim
+    sd: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(args.vocab_size, h, std=0.3)}
+    for i in range(args.num_layers):
+        p = _HF_LAYER.format(i)
+        sd[p + "input_layernorm.weight"] = 1.0 + normal(h, std=0.1)
+        sd[p + "post_attention_layernorm.weight"] = 1.0 + normal(h, std=0.1)
+        sd[p + "self_attn.q_proj.weight"] = normal(args.num_heads * d, h, std=h**-0.5)
+        sd[p + "self_attn.k_proj.weight"] = normal(args.num_kv_heads * d, h, std=h**-0.5)
+        sd[p + "self_attn.v_proj.weight"] = normal(args.num_kv_heads * d, h, std=h**-0.5)
+        sd[p + "self_attn.o_proj.weight"] = normal(
+            h, args.num_heads * d, std=2 * (args.num_heads * d) ** -0.5
+        )
+        if args.attention_bias:
+            for n, size in (("q", args.q_size), ("k", args.kv_size), ("v", args.kv_size)):
+                sd[p + f"self_attn.{n}_proj.bias"] = normal(size, std=0.02)
+        if args.o_bias:
+            sd[p + "self_attn.o_proj.bias"] = normal(h, std=0.02)
+        sd[p + "mlp.gate_proj.weight"] = normal(inter, h, std=h**-0.5)
+        sd[p + "mlp.up_proj.weight"] = normal(inter, h, std=h**-0.5)
+        sd[p + "mlp.down_proj.weight"] = normal(h, inter, std=2 * inter**-0.5)
+    sd["model.norm.weight"] = 1.0 + normal(h, std=0.1)
+    if not args.tie_embeddings:
+        sd["lm_head.weight"] = normal(args.vocab_size, h, std=h**-0.5)
+    return sd

@@ -1,0 +1,204 @@
+"""``TorchEngine``: the PyTorch (CPU) implementation of the ``Engine`` protocol.
+
+One engine = one model + one paged KV pool. ``forward`` packs the new tokens of all inputs into one
+ragged batch (see ``model.Transformer``); the ``BlockManager`` hands out cache blocks within each
+sequence's reservation, so a forward can fail only on bad input, never on memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trispec.engine.base import ForwardInput, KVUsage
+from trispec.engine.kv_cache import BlockManager, KVCache
+from trispec.engine.model import ModelArgs, SeqSpec, Transformer, build_transformer, random_state_dict
+from trispec.errors import ConfigError, InvalidInputError
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, weight_quant: str | None) -> torch.dtype:
+    """``None``: float32, or bfloat16 for int8 weights (the int8 kernel is only fast with bf16)."""
+    if dtype is None:
+        return torch.bfloat16 if weight_quant == "int8" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ConfigError("dtype", f"unsupported dtype {dtype} (float32, bfloat16)")
+        return dtype
+    if dtype not in _DTYPES:
+        raise ConfigError("dtype", f"unsupported dtype {dtype!r} (float32, bfloat16)")
+    return _DTYPES[dtype]
+
+
+class TorchEngine:
+    """Llama/Qwen2 on CPU with a paged KV cache. Build with ``from_checkpoint`` / ``from_random``."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        kv_cache_mb: float = 256.0,
+        num_blocks: int | None = None,
+        block_size: int = 16,
+        max_context: int | None = None,
+    ) -> None:
+        args = model.args
+        self.model = model
+        self.args: ModelArgs = args
+        self.dtype = model.dtype
+        if block_size < 1:
+            raise ConfigError("block_size", f"must be >= 1, got {block_size}")
+        geometry = {
+            "num_layers": args.num_layers,
+            "block_size": block_size,
+            "num_kv_heads": args.num_kv_heads,
+            "head_dim": args.head_dim,
+            "dtype": self.dtype,
+        }
+        if num_blocks is None:
+            num_blocks = KVCache.num_blocks_for_budget(kv_cache_mb, **geometry)
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.kv = KVCache(num_blocks=num_blocks, **geometry)
+        capacity = num_blocks * block_size
+        if max_context is None:
+            max_context = min(args.max_position_embeddings, capacity)
+        elif not 1 <= max_context <= capacity:
+            raise ConfigError(
+                "max_context", f"{max_context} must be in [1, {capacity}] (KV pool capacity in tokens)"
+            )
+        if max_context > model.cos.shape[0]:
+            raise ConfigError("max_context", f"{max_context} exceeds the RoPE table ({model.cos.shape[0]})")
+        self._max_context = max_context
+
+    # -- constructors --------------------------------------------------------------------------
+    @classmethod
+    def from_state_dict(
+        cls,
+        args: ModelArgs,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        dtype: str | torch.dtype | None = None,
+        weight_quant: str | None = None,
+        kv_cache_mb: float = 256.0,
+        num_blocks: int | None = None,
+        block_size: int = 16,
+        max_context: int | None = None,
+    ) -> TorchEngine:
+        """From a HF-named state dict (``model.embed_tokens.weight``, ``model.layers.0...``)."""
+        dt = resolve_dtype(dtype, weight_quant)
+        rope_length = max(args.max_position_embeddings, max_context or 0)
+        model = build_transformer(
+            args, state_dict, dtype=dt, weight_quant=weight_quant, rope_length=rope_length
+        )
+        return cls(
+            model,
+            kv_cache_mb=kv_cache_mb,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_context=max_context,
+        )
+
+    @classmethod
+    def from_random(cls, args: ModelArgs, seed: int, **kwargs: Any) -> TorchEngine:
+        """Deterministic random weights (same seed -> same weights -> same logits)."""
+        return cls.from_state_dict(args, random_state_dict(args, seed), **kwargs)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, **kwargs: Any) -> TorchEngine:
+        """From a GGUF file or a HF safetensors directory (config.json + *.safetensors)."""
+        from trispec.engine.weights import load_checkpoint
+
+        args, state_dict = load_checkpoint(path)
+        return cls.from_state_dict(args, state_dict, **kwargs)
+
+    # -- Engine protocol -----------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def block_size(self) -> int:
+        return self.blocks.block_size
+
+    def can_reserve(self, max_length: int) -> bool:
+        return 1 <= max_length <= self._max_context and self.blocks.can_reserve(max_length)
+
+    def add_sequence(self, seq_id: int, max_length: int) -> None:
+        if not 1 <= max_length <= self._max_context:
+            raise InvalidInputError("max_length", f"{max_length} must be in [1, {self._max_context}]")
+        self.blocks.add(seq_id, max_length)
+
+    def cached_length(self, seq_id: int) -> int:
+        return self.blocks.length(seq_id)
+
+    def has_sequence(self, seq_id: int) -> bool:
+        return seq_id in self.blocks
+
+    @torch.inference_mode()
+    def forward(self, inputs: Sequence[ForwardInput]) -> list[torch.Tensor]:
+        self._validate(inputs)
+        starts = [self.blocks.length(inp.seq_id) for inp in inputs]
+        specs = []
+        try:
+            for inp, start in zip(inputs, starts, strict=True):
+                self.blocks.append(inp.seq_id, len(inp.token_ids))
+                specs.append(
+                    SeqSpec(inp.token_ids, start, self.blocks.block_table(inp.seq_id), inp.num_logits)
+                )
+            if sum(len(inp.token_ids) for inp in inputs) == 0:
+                return [torch.zeros(0, self.vocab_size) for _ in inputs]
+            batch, spans = self.model.make_batch(specs, self.blocks.block_size)
+            logits = self.model.forward(batch, self.kv.k, self.kv.v)
+        except BaseException:
+            # Leave the cache as it was: lengths back, freshly taken blocks returned.
+            for inp, start in zip(inputs[: len(specs)], starts, strict=False):
+                self.blocks.truncate(inp.seq_id, start)
+            raise
+        return [logits[r0 : r0 + count] for r0, count in spans]
+
+    def _validate(self, inputs: Sequence[ForwardInput]) -> None:
+        seen: set[int] = set()
+        vocab = self.vocab_size
+        for inp in inputs:
+            sid = inp.seq_id
+            if sid not in self.blocks:
+                raise ValueError(f"unknown seq_id {sid}")
+            if sid in seen:
+                raise ValueError(f"seq_id {sid} appears twice in one forward")
+            seen.add(sid)
+            n = len(inp.token_ids)
+            if not 0 <= inp.num_logits <= n:
+                raise ValueError(f"seq {sid}: num_logits {inp.num_logits} not in [0, {n}]")
+            total = self.blocks.length(sid) + n
+            if total > self.blocks.max_length(sid):
+                raise ValueError(
+                    f"seq {sid}: {total} tokens exceed its reservation of {self.blocks.max_length(sid)}"
+                )
+            if n and not (min(inp.token_ids) >= 0 and max(inp.token_ids) < vocab):
+                raise ValueError(f"seq {sid}: token id out of range [0, {vocab})")
+
+    def truncate(self, seq_id: int, length: int) -> None:
+        self.blocks.truncate(seq_id, length)
+
+    def free(self, seq_id: int) -> None:
+        self.blocks.free(seq_id)
+
+    def kv_usage(self) -> KVUsage:
+        return KVUsage(
+            total_blocks=self.blocks.num_blocks,
+            used_blocks=self.blocks.used_blocks,
+            block_size=self.blocks.block_size,
+        )

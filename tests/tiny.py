@@ -1,0 +1,100 @@
+"""Tiny, seeded, random-initialised models and a byte-level tokenizer for fast tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers
+from trispec.config import SchedulerConfig
+from trispec.detokenize import StopTextTracker
+from trispec.drafters.base import Drafter
+from trispec.drafters.model_drafter import ModelDrafter
+from trispec.engine.model import ModelArgs
+from trispec.engine.torch_engine import TorchEngine
+from trispec.scheduler import RequestOutput, Scheduler
+from trispec.tokenizer import Tokenizer
+from trispec.verifier import LogitsVerifier
+
+TINY_VOCAB = 320  # 256 byte tokens + room for ids the tokenizer never produces
+
+
+def tiny_args(arch: str = "llama", vocab_size: int = TINY_VOCAB) -> ModelArgs:
+    return ModelArgs(
+        arch=arch,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_embeddings=False,
+        attention_bias=arch == "qwen2",
+        max_position_embeddings=1024,
+    )
+
+
+def tiny_engine(seed: int = 0, arch: str = "llama", **kw: object) -> TorchEngine:
+    kw.setdefault("num_blocks", 256)
+    kw.setdefault("block_size", 8)
+    return TorchEngine.from_random(tiny_args(arch), seed, **kw)
+
+
+def byte_tokenizer() -> Tokenizer:
+    """Byte-level BPE with no merges: one token per byte, so multi-byte characters span tokens."""
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(byte_chars))}
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return Tokenizer(tok, eos_ids=frozenset())
+
+
+def ascii_tokenizer(vocab_size: int = TINY_VOCAB) -> Tokenizer:
+    """Every id decodes to printable ASCII (one char, or two for ids past the 95 single chars), so
+    text from a random model is readable and stop strings can span tokens."""
+    chars = [chr(c) for c in range(32, 127)]
+    merges = [(a, b) for a in "etaoinsrhl" for b in "etaoinsrhlducmwyfgpbvkjxqz"][: vocab_size - len(chars)]
+    vocab = {tok: i for i, tok in enumerate(chars + [a + b for a, b in merges])}
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.decoder = decoders.Fuse()
+    return Tokenizer(tok, eos_ids=frozenset())
+
+
+def tiny_scheduler(
+    target: TorchEngine,
+    drafter: Drafter | None,
+    tokenizer: Tokenizer | None = None,
+    **config: object,
+) -> Scheduler:
+    tokenizer = tokenizer or byte_tokenizer()
+    return Scheduler(
+        LogitsVerifier(target),
+        drafter,
+        SchedulerConfig(**config),
+        encode=tokenizer.encode,
+        make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
+        eos_ids=tokenizer.eos_ids,
+    )
+
+
+def model_drafter(seed: int = 0, **kw: object) -> ModelDrafter:
+    return ModelDrafter(tiny_engine(seed, **kw))
+
+
+def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000) -> dict[int, list[RequestOutput]]:
+    """Step until idle; outputs grouped by request id."""
+    outputs: dict[int, list[RequestOutput]] = {}
+    for _ in range(max_steps):
+        if not scheduler.has_work():
+            return outputs
+        for out in scheduler.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    raise AssertionError("scheduler did not finish")
+
+
+def tokens_of(outputs: Sequence[RequestOutput]) -> list[int]:
+    return [t for out in outputs for t in out.new_token_ids]
