@@ -24,10 +24,11 @@ class Decoder(Protocol):
 class IncrementalDetokenizer:
     """Turns token ids, pushed as they are verified, into finished text.
 
-    Each push decodes a window of recent ids: the ids since the previous clean character boundary,
-    preceded by a few ids of context (sentencepiece-style decoders treat the first token of a string
-    differently). Text ending in U+FFFD may be an incomplete character, so it is held until a later
-    token completes it (or ``flush``). The pieces concatenate to ``decode(all ids)``.
+    Each push decodes a window of recent ids: the ids since the last clean character boundary,
+    preceded as context by the ids of the boundary before it (sentencepiece-style decoders treat the
+    first token of a string differently). Text ending in U+FFFD may be an incomplete character, so
+    it is held until a later token completes it (or ``flush``). The pieces concatenate to
+    ``decode(all ids)``.
     """
 
     def __init__(self, tokenizer: Decoder, skip_special_tokens: bool = True) -> None:
@@ -42,15 +43,15 @@ class IncrementalDetokenizer:
     def ids(self) -> list[int]:
         return list(self._ids)
 
-    def _window_text(self, end: int | None = None) -> str:
-        return self._tokenizer.decode(self._ids[self._prefix : end], skip_special_tokens=self._skip)
+    def _window_text(self) -> str:
+        return self._tokenizer.decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
 
     def push(self, ids: Iterable[int]) -> str:
         """Add ids; return the text they finish (possibly empty)."""
         self._ids.extend(ids)
         text = self._window_text()
         stable = text.rstrip(REPLACEMENT)
-        new = stable[self._emitted :] if len(stable) > self._emitted else ""
+        new = stable[self._emitted :]
         if len(stable) == len(text):
             # clean boundary: slide the window so each push decodes only a few tokens
             self._prefix, self._read = self._read, len(self._ids)

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from trispec.drafters.base import DraftProposal, DraftRequest
 from trispec.engine.base import ForwardInput
+from trispec.sampling import one_hot_probs
 
 
 def ngram_lookup(tokens: Sequence[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
@@ -49,7 +48,7 @@ class NgramDrafter:
             probs = None
             if tokens and not request.sampling.greedy:
                 # a deterministic proposal: q is one-hot on the proposed token
-                probs = torch.nn.functional.one_hot(torch.tensor(tokens), self.vocab_size).to(torch.float32)
+                probs = one_hot_probs(tokens, self.vocab_size)
             proposals.append(DraftProposal(tokens, probs))
         return proposals
 

@@ -1,6 +1,6 @@
 """Paged KV cache: one pool of fixed-size blocks per engine, handed out to sequences on demand.
 
-The pool is two tensors (keys and values) of shape ``[num_layers, num_blocks * block_size, kv_heads,
+The pool is two tensors (keys and values) of shape ``[num_layers, kv_heads, num_blocks * block_size,
 head_dim]``: a token's "slot" is ``block * block_size + offset``. A sequence owns a block table (its
 blocks in order); the ``BlockManager`` does the bookkeeping and never touches tensor data, so it is
 cheap and easy to unit-test.
@@ -151,10 +151,14 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
     ) -> None:
-        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
-        # Zero-filled so that masked-out (padding) slots never hold NaN/inf garbage.
+        # [layer, kv_head, slot, dim]: a sequence's keys per head are contiguous when its blocks
+        # are, which SDPA likes. Zero-filled so masked-out (padding) slots never hold NaN/inf.
+        shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
         self.k = torch.zeros(shape, dtype=dtype)
         self.v = torch.zeros(shape, dtype=dtype)
+        # Per-layer views, made once (indexing self.k[i] in the hot loop costs a dispatch per layer).
+        self.k_layers = list(self.k.unbind(0))
+        self.v_layers = list(self.v.unbind(0))
         self.block_size = block_size
         self.num_blocks = num_blocks
 

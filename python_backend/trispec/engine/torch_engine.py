@@ -161,7 +161,7 @@ class TorchEngine:
             if sum(len(inp.token_ids) for inp in inputs) == 0:
                 return [torch.zeros(0, self.vocab_size) for _ in inputs]
             batch, spans = self.model.make_batch(specs, self.blocks.block_size)
-            logits = self.model.forward(batch, self.kv.k, self.kv.v)
+            logits = self.model.forward(batch, self.kv)
         except BaseException:
             # Leave the cache as it was: lengths back, freshly taken blocks returned.
             for inp, start in zip(inputs[: len(specs)], starts, strict=False):

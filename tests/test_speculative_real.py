@@ -1,0 +1,131 @@
+"""Greedy exactness on the real SmolLM2-135M-Instruct (fp32 target): speculative output equals the
+target's own greedy output token for token, for every drafter kind and k in {1, 2, 4, 8}."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trispec.checkpoints import smollm2_gguf
+from trispec.config import SchedulerConfig
+from trispec.detokenize import StopTextTracker
+from trispec.drafters.model_drafter import ModelDrafter
+from trispec.drafters.ngram import NgramDrafter
+from trispec.engine.base import ForwardInput
+from trispec.engine.torch_engine import TorchEngine
+from trispec.llm import cache_dir
+from trispec.request import GenerationRequest
+from trispec.scheduler import Scheduler
+from trispec.tokenizer import Tokenizer, load_tokenizer_for_gguf
+from trispec.verifier import LogitsVerifier
+
+pytestmark = pytest.mark.real_model
+
+MAX_TOKENS = 64
+PROMPTS = [
+    "The capital of France is",
+    "Write a Python function that returns the factorial of n.\n\ndef factorial(n):",
+    "Once upon a time, in a small village by the sea,",
+    "List three benefits of regular exercise:\n1.",
+    "Translate to French: 'Good morning, how are you?'",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "Question: What is 12 times 12?\nAnswer:",
+    "Explain photosynthesis in one paragraph.",
+    "import numpy as np\n\n# create a 3x3 identity matrix\n",
+    "My favourite season is autumn because",
+    "SELECT name, age FROM users WHERE",
+    "Here is a haiku about the ocean:\n",
+    "To make a cup of tea, first",
+    "The three primary colours are red,",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "In 1969, astronauts landed on",
+    "A recipe for pancakes:\nIngredients:\n-",
+    "Dear hiring manager, I am writing to apply for",
+    "The largest planet in our solar system is",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return load_tokenizer_for_gguf(smollm2_gguf(), cache_dir())
+
+
+@pytest.fixture(scope="module")
+def target() -> TorchEngine:
+    return TorchEngine.from_checkpoint(smollm2_gguf(), dtype="float32", kv_cache_mb=256, max_context=512)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer: Tokenizer) -> list[list[int]]:
+    return [tokenizer.encode(p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def reference(target: TorchEngine, prompt_ids: list[list[int]]) -> list[list[int]]:
+    """Target-only greedy: all prompts batched, one token per forward, no scheduler involved."""
+    ids = range(1000, 1000 + len(prompt_ids))
+    for seq_id, prompt in zip(ids, prompt_ids):
+        target.add_sequence(seq_id, len(prompt) + MAX_TOKENS)
+    logits = target.forward([ForwardInput(s, p, 1) for s, p in zip(ids, prompt_ids)])
+    outputs: list[list[int]] = [[] for _ in prompt_ids]
+    for _ in range(MAX_TOKENS):
+        next_tokens = [int(torch.argmax(row[-1])) for row in logits]
+        for out, token in zip(outputs, next_tokens):
+            out.append(token)
+        logits = target.forward([ForwardInput(s, [t], 1) for s, t in zip(ids, next_tokens)])
+    for seq_id in ids:
+        target.free(seq_id)
+    return outputs
+
+
+def _self_draft(**kw: object) -> ModelDrafter:
+    return ModelDrafter(TorchEngine.from_checkpoint(smollm2_gguf(), kv_cache_mb=128, max_context=512, **kw))
+
+
+@pytest.fixture(scope="module")
+def drafters(target: TorchEngine) -> dict[str, object]:
+    return {
+        "self-bf16": _self_draft(dtype="bfloat16"),
+        "self-int8": _self_draft(weight_quant="int8"),
+        # a separate draft checkpoint on its own engine (here the same weights: every draft is accepted)
+        "model-fp32": _self_draft(dtype="float32"),
+        "ngram": NgramDrafter(target.vocab_size),
+    }
+
+
+@pytest.mark.parametrize("drafter_name", ["self-bf16", "self-int8", "model-fp32", "ngram"])
+def test_smollm2_greedy_exact(
+    drafter_name: str,
+    target: TorchEngine,
+    drafters: dict[str, object],
+    tokenizer: Tokenizer,
+    prompt_ids: list[list[int]],
+    reference: list[list[int]],
+) -> None:
+    """Every prompt with every k in {1, 2, 4, 8}, all 80 requests batched in flight together."""
+    drafter = drafters[drafter_name]
+    scheduler = Scheduler(
+        LogitsVerifier(target),
+        drafter,  # type: ignore[arg-type]
+        SchedulerConfig(max_context=512, max_batch_size=80),
+        encode=tokenizer.encode,
+        make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
+        eos_ids=frozenset(),  # run all 64 tokens even past an end-of-turn token
+    )
+    cases = {
+        scheduler.add_request(
+            GenerationRequest(prompt_token_ids=p, max_tokens=MAX_TOKENS, num_draft_tokens=k)
+        ): (i, k)
+        for k in (1, 2, 4, 8)
+        for i, p in enumerate(prompt_ids)
+    }
+    tokens: dict[int, list[int]] = {rid: [] for rid in cases}
+    while scheduler.has_work():
+        for out in scheduler.step():
+            tokens[out.request_id].extend(out.new_token_ids)
+    mismatches = [cases[rid] for rid in cases if tokens[rid] != reference[cases[rid][0]]]
+    assert not mismatches, f"(prompt, k) pairs {mismatches} differ from target-only greedy"
+    assert scheduler.stats.accepted_tokens > 0
+    if drafter_name == "model-fp32":
+        assert scheduler.stats.acceptance_rate == 1.0
+    assert target.kv_usage().used_blocks == 0
