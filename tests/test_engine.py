@@ -117,6 +117,14 @@ def test_num_logits_are_the_last_rows() -> None:
     assert eng.forward([ForwardInput(0, [], 0)])[0].shape == (0, ARGS.vocab_size)
     assert eng.cached_length(0) == 20
     assert eng.forward([]) == []
+    # An empty input next to real ones in the same batch.
+    eng.add_sequence(1, 64)
+    out = eng.forward([ForwardInput(0, toks[:3], 2)])
+    eng.truncate(0, 20)
+    mixed = eng.forward([ForwardInput(1, [], 0), ForwardInput(0, toks[:3], 2)])
+    assert mixed[0].shape == (0, ARGS.vocab_size)
+    close(mixed[1], out[0])
+    assert (eng.cached_length(0), eng.cached_length(1)) == (23, 0)
 
 
 def test_deterministic_random_init() -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from trispec.engine.base import ForwardInput
 from trispec.engine.model import ModelArgs, random_state_dict
 from trispec.engine.torch_engine import TorchEngine

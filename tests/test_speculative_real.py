@@ -84,16 +84,16 @@ def _self_draft(**kw: object) -> ModelDrafter:
 
 @pytest.fixture(scope="module")
 def drafters(target: TorchEngine) -> dict[str, object]:
+    # ModelDrafter serves both the "self" and the "model" kinds; they differ only in where the draft
+    # engine's weights come from. SmolLM2 has no smaller sibling, so both use its weights here.
     return {
-        "self-bf16": _self_draft(dtype="bfloat16"),
         "self-int8": _self_draft(weight_quant="int8"),
-        # a separate draft checkpoint on its own engine (here the same weights: every draft is accepted)
-        "model-fp32": _self_draft(dtype="float32"),
+        "model-bf16": _self_draft(dtype="bfloat16"),
         "ngram": NgramDrafter(target.vocab_size),
     }
 
 
-@pytest.mark.parametrize("drafter_name", ["self-bf16", "self-int8", "model-fp32", "ngram"])
+@pytest.mark.parametrize("drafter_name", ["self-int8", "model-bf16", "ngram"])
 def test_smollm2_greedy_exact(
     drafter_name: str,
     target: TorchEngine,
@@ -126,6 +126,8 @@ def test_smollm2_greedy_exact(
     mismatches = [cases[rid] for rid in cases if tokens[rid] != reference[cases[rid][0]]]
     assert not mismatches, f"(prompt, k) pairs {mismatches} differ from target-only greedy"
     assert scheduler.stats.accepted_tokens > 0
-    if drafter_name == "model-fp32":
-        assert scheduler.stats.acceptance_rate == 1.0
+    if drafter_name != "ngram":
+        # a lower-precision copy of the target agrees on most tokens: long accepted runs were exercised
+        assert scheduler.stats.acceptance_rate > 0.7
+        assert scheduler.stats.accepted_per_position[7] > 0
     assert target.kv_usage().used_blocks == 0

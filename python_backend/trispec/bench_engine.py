@@ -3,7 +3,11 @@
 Prints, in one run: the fp32 1-token decode step, the 5-token verify step (one sequence, logits for
 all 5) and their ratio; the 1-token draft step of the self-draft variants (bf16 copy, int8
 weight-only); and greedy tokens/s of our engine vs HF transformers' ``generate`` on the same GGUF
-weights in fp32. Every number is the median of ``--reps`` timed runs after warm-up.
+weights in fp32.
+
+Every number is the median of the timed repetitions after warm-up. The things being compared are
+timed *interleaved* (decode, verify, draft steps in turn; ours and HF's generate in turn) so that a
+noisy neighbour on a small machine slows both sides alike instead of skewing a ratio.
 """
 
 from __future__ import annotations
@@ -25,32 +29,39 @@ from trispec.engine.torch_engine import TorchEngine
 PROMPT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 
 
-def median_time(fn: Callable[[], object], reps: int, warmup: int = 2) -> float:
+def interleaved_medians(fns: dict[str, Callable[[], object]], reps: int, warmup: int) -> dict[str, float]:
+    """Median seconds of each function, the functions called in turn, ``reps`` rounds."""
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def step_ms(engine: TorchEngine, num_tokens: int, reps: int, context: list[int]) -> float:
-    """Time of one forward of ``num_tokens`` new tokens (all logits) after ``context``; rolled back."""
-    sid = 1_000_000
-    engine.add_sequence(sid, len(context) + num_tokens)
-    engine.forward([ForwardInput(sid, context, 1)])
-    drafts = [(7 * i + 11) % engine.vocab_size for i in range(num_tokens)]
+class StepTimer:
+    """One sequence holding ``context``; ``step(n)`` forwards n new tokens (all logits), rolls back."""
 
-    def step() -> None:
-        engine.forward([ForwardInput(sid, drafts, num_tokens)])
-        engine.truncate(sid, len(context))
+    def __init__(self, engine: TorchEngine, context: list[int], max_new: int, seq_id: int) -> None:
+        self.engine, self.context, self.sid = engine, context, seq_id
+        engine.add_sequence(seq_id, len(context) + max_new)
+        engine.forward([ForwardInput(seq_id, context, 1)])
 
-    try:
-        return median_time(step, reps, warmup=3) * 1e3
-    finally:
-        engine.free(sid)
+    def step(self, n: int) -> Callable[[], None]:
+        drafts = [(7 * i + 11) % self.engine.vocab_size for i in range(n)]
+
+        def run() -> None:
+            self.engine.forward([ForwardInput(self.sid, drafts, n)])
+            self.engine.truncate(self.sid, len(self.context))
+
+        return run
+
+    def close(self) -> None:
+        self.engine.free(self.sid)
 
 
 def greedy(engine: TorchEngine, prompt: list[int], new_tokens: int) -> list[int]:
@@ -76,6 +87,9 @@ def hf_greedy_fn(path: Path, prompt: list[int], new_tokens: int) -> Callable[[],
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
     ids = torch.tensor([prompt])
+    # No EOS: both sides generate exactly ``new_tokens`` tokens of plain argmax (min_new_tokens
+    # would instead suppress EOS and make the two greedy sequences differ).
+    model.generation_config.eos_token_id = None
 
     def run() -> list[int]:
         with torch.inference_mode():
@@ -84,7 +98,6 @@ def hf_greedy_fn(path: Path, prompt: list[int], new_tokens: int) -> Callable[[],
                 attention_mask=torch.ones_like(ids),
                 do_sample=False,
                 max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
                 pad_token_id=2,
             )
         return out[0, len(prompt) :].tolist()
@@ -93,7 +106,13 @@ def hf_greedy_fn(path: Path, prompt: list[int], new_tokens: int) -> Callable[[],
 
 
 def run(
-    checkpoint: Path, *, threads: int, reps: int, new_tokens: int, with_hf: bool, log: Callable[[str], None]
+    checkpoint: Path,
+    *,
+    threads: int,
+    reps: int,
+    new_tokens: int,
+    with_hf: bool,
+    log: Callable[[str], None],
 ) -> dict[str, Any]:
     torch.set_num_threads(threads)
     from trispec.engine.weights import load_checkpoint
@@ -103,55 +122,62 @@ def run(
     context = PROMPT * 2  # 32 tokens of context for the step timings
 
     target = TorchEngine.from_state_dict(args, state_dict, kv_cache_mb=64)
-    res["decode_1tok_ms"] = step_ms(target, 1, reps * 4, context)
-    log(f"target fp32   decode step (1 token) : {res['decode_1tok_ms']:8.2f} ms")
-    res["verify_5tok_ms"] = step_ms(target, 5, reps * 4, context)
-    log(f"target fp32   verify step (5 tokens): {res['verify_5tok_ms']:8.2f} ms")
-    res["verify_decode_ratio"] = res["verify_5tok_ms"] / res["decode_1tok_ms"]
-    log(f"verify / decode ratio               : {res['verify_decode_ratio']:8.2f}   (goal <= 1.3)")
+    bf16 = TorchEngine.from_state_dict(args, state_dict, kv_cache_mb=16, dtype="bfloat16")
+    int8 = TorchEngine.from_state_dict(args, state_dict, kv_cache_mb=16, weight_quant="int8")
+    timers = [StepTimer(e, context, 5, seq_id=1_000_000) for e in (target, bf16, int8)]
+    steps = {
+        "decode_1tok": timers[0].step(1),
+        "verify_5tok": timers[0].step(5),
+        "draft_bf16_1tok": timers[1].step(1),
+        "draft_int8_1tok": timers[2].step(1),
+    }
+    ms = {k: v * 1e3 for k, v in interleaved_medians(steps, reps * 4, warmup=3).items()}
+    for t in timers:
+        t.close()
+    del bf16, int8
+    res.update({f"{k}_ms": v for k, v in ms.items()})
+    res["verify_decode_ratio"] = ms["verify_5tok"] / ms["decode_1tok"]
+    log(f"target fp32       decode step (1 token) : {ms['decode_1tok']:8.2f} ms")
+    log(f"target fp32       verify step (5 tokens): {ms['verify_5tok']:8.2f} ms")
+    log(f"verify / decode ratio                   : {res['verify_decode_ratio']:8.2f}    (goal <= 1.3)")
+    log(f"self-draft bf16   draft step (1 token)  : {ms['draft_bf16_1tok']:8.2f} ms")
+    log(f"self-draft int8   draft step (1 token)  : {ms['draft_int8_1tok']:8.2f} ms")
 
-    for name, kw in (("bf16", {"dtype": "bfloat16"}), ("int8", {"weight_quant": "int8"})):
-        draft = TorchEngine.from_state_dict(args, state_dict, kv_cache_mb=16, **kw)
-        res[f"draft_{name}_1tok_ms"] = step_ms(draft, 1, reps * 4, context)
-        log(f"self-draft {name:5s} draft step (1 token) : {res[f'draft_{name}_1tok_ms']:8.2f} ms")
-        del draft
-
-    ours_tokens: list[int] = []
+    tokens: dict[str, list[int]] = {}
 
     def ours() -> None:
-        ours_tokens[:] = greedy(target, PROMPT, new_tokens)
+        tokens["ours"] = greedy(target, PROMPT, new_tokens)
 
-    t = median_time(ours, reps, warmup=1)
-    res["ours_greedy_tok_s"] = new_tokens / t
-    log(f"ours greedy ({new_tokens} new tokens, incl. prefill): {res['ours_greedy_tok_s']:8.2f} tok/s")
+    gens: dict[str, Callable[[], object]] = {"ours": ours}
     if with_hf:
         hf = hf_greedy_fn(checkpoint, PROMPT, new_tokens)
-        hf_tokens: list[int] = []
 
         def theirs() -> None:
-            hf_tokens[:] = hf()
+            tokens["hf"] = hf()
 
-        t = median_time(theirs, reps, warmup=1)
-        res["hf_greedy_tok_s"] = new_tokens / t
+        gens["hf"] = theirs
+    secs = interleaved_medians(gens, reps, warmup=1)
+    res["ours_greedy_tok_s"] = new_tokens / secs["ours"]
+    log(f"ours greedy   ({new_tokens} new tokens, incl. prefill): {res['ours_greedy_tok_s']:8.2f} tok/s")
+    if with_hf:
+        res["hf_greedy_tok_s"] = new_tokens / secs["hf"]
         res["ours_vs_hf"] = res["ours_greedy_tok_s"] / res["hf_greedy_tok_s"]
-        same = next((i for i, (a, b) in enumerate(zip(ours_tokens, hf_tokens, strict=True)) if a != b), None)
-        res["greedy_tokens_match"] = same is None
-        log(f"HF generate  ({new_tokens} new tokens, incl. prefill): {res['hf_greedy_tok_s']:8.2f} tok/s")
-        log(f"ours / HF                            : {res['ours_vs_hf']:8.2f}   (goal >= 1)")
+        diff = [i for i, (a, b) in enumerate(zip(tokens["ours"], tokens["hf"], strict=True)) if a != b]
+        res["greedy_tokens_match"] = not diff
+        log(f"HF generate   ({new_tokens} new tokens, incl. prefill): {res['hf_greedy_tok_s']:8.2f} tok/s")
+        log(f"ours / HF                               : {res['ours_vs_hf']:8.2f}    (goal >= 1)")
         log(
-            f"greedy tokens identical to HF        : {same is None}"
-            + ("" if same is None else f" (first diff {same})")
+            f"greedy tokens identical to HF           : {not diff}"
+            + (f" (first diff {diff[0]})" if diff else "")
         )
     return res
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specdec-bench-engine", description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--checkpoint", type=Path, default=None, help="GGUF file or HF dir (default: SmolLM2-135M)"
-    )
+    p.add_argument("--checkpoint", type=Path, default=None, help="GGUF or HF dir (default: SmolLM2-135M)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions of each generate (x4 for steps)")
+    p.add_argument("--reps", type=int, default=5, help="timed generate runs (steps: 4x as many)")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--no-hf", action="store_true", help="skip the HF transformers comparison")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

@@ -95,6 +95,8 @@ class SchedulerConfig(_Strict):
     max_prefill_tokens_per_step: int = Field(512, ge=1)
     max_context: int | None = Field(None, ge=2)
     block_size: int = Field(16, ge=1)
+    # per batch size, measure speculative vs plain throughput and draft only where it pays off
+    adaptive_speculation: bool = True
 
     @model_validator(mode="after")
     def _default_within_max(self) -> SchedulerConfig:

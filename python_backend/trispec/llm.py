@@ -10,15 +10,18 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from trispec.config import DrafterConfig, ModelConfig, SpecDecConfig
+from trispec.config import DrafterConfig, ModelConfig, SchedulerConfig, SpecDecConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import Drafter
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.ngram import NgramDrafter
+from trispec.engine.model import ModelArgs
 from trispec.engine.torch_engine import TorchEngine
+from trispec.engine.weights import StateDict, load_checkpoint
 from trispec.errors import ConfigError
 from trispec.request import GenerationRequest
 from trispec.scheduler import RequestOutput, Scheduler
@@ -27,6 +30,7 @@ from trispec.tokenizer import Tokenizer, load_tokenizer_for_gguf
 from trispec.verifier import LogitsVerifier
 
 CACHE_DIR_ENV = "TRISPEC_CACHE_DIR"
+Checkpoint = tuple[ModelArgs, StateDict]
 
 
 def cache_dir() -> Path:
@@ -63,20 +67,23 @@ def load_tokenizer(model: ModelConfig, field: str) -> Tokenizer:
 
 
 def build_engine(
-    model: ModelConfig, field: str, block_size: int, max_context: int | None, **kw: object
+    model: ModelConfig, field: str, sched: SchedulerConfig, checkpoint: Checkpoint | None = None, **kw: Any
 ) -> TorchEngine:
-    path = model.checkpoint.resolve(f"{field}.checkpoint")
-    return TorchEngine.from_checkpoint(
-        path,
+    args, state_dict = checkpoint or load_checkpoint(model.checkpoint.resolve(f"{field}.checkpoint"))
+    return TorchEngine.from_state_dict(
+        args,
+        state_dict,
         dtype=model.dtype,
         kv_cache_mb=model.kv_cache_mb,
-        block_size=block_size,
-        max_context=max_context,
+        block_size=sched.block_size,
+        max_context=sched.max_context,
         **kw,
     )
 
 
-def build_drafter(config: SpecDecConfig, target: TorchEngine) -> Drafter | None:
+def build_drafter(
+    config: SpecDecConfig, target: TorchEngine, target_checkpoint: Checkpoint
+) -> Drafter | None:
     drafter: DrafterConfig = config.drafter
     sched = config.scheduler
     if drafter.kind == "none":
@@ -84,17 +91,16 @@ def build_drafter(config: SpecDecConfig, target: TorchEngine) -> Drafter | None:
     if drafter.kind == "ngram":
         return NgramDrafter(target.vocab_size, drafter.ngram.max_ngram, drafter.ngram.min_ngram)
     if drafter.kind == "self":
-        # the target's own weights at lower precision: a bf16 copy, or int8 weight-only
+        # the target's own weights at lower precision (loaded once, shared with the target's build);
         # int8 weights run with bf16 activations: the int8 kernel is only fast with those
-        dtype = "bfloat16"
         weight_quant = "int8" if drafter.precision == "int8" else None
-        self_model = config.target.model_copy(update={"kv_cache_mb": drafter.kv_cache_mb, "dtype": dtype})
-        engine = build_engine(
-            self_model, "target", sched.block_size, sched.max_context, weight_quant=weight_quant
+        self_model = config.target.model_copy(
+            update={"kv_cache_mb": drafter.kv_cache_mb, "dtype": "bfloat16"}
         )
+        engine = build_engine(self_model, "target", sched, target_checkpoint, weight_quant=weight_quant)
     else:
         assert drafter.model is not None
-        engine = build_engine(drafter.model, "drafter.model", sched.block_size, sched.max_context)
+        engine = build_engine(drafter.model, "drafter.model", sched)
     if engine.vocab_size != target.vocab_size:
         raise ConfigError(
             "drafter.model.checkpoint",
@@ -115,7 +121,8 @@ class SpeculativeLLM:
             torch.set_num_threads(config.num_threads)
         sched = config.scheduler
         tokenizer = load_tokenizer(config.target, "target")
-        target = build_engine(config.target, "target", sched.block_size, sched.max_context)
+        target_checkpoint = load_checkpoint(config.target.checkpoint.resolve("target.checkpoint"))
+        target = build_engine(config.target, "target", sched, target_checkpoint)
         if config.drafter.kind == "model":
             assert config.drafter.model is not None
             draft_tokenizer = load_tokenizer(config.drafter.model, "drafter.model")
@@ -123,7 +130,7 @@ class SpeculativeLLM:
                 raise ConfigError("drafter.model.checkpoint", "draft and target tokenizers differ")
         scheduler = Scheduler(
             LogitsVerifier(target),
-            build_drafter(config, target),
+            build_drafter(config, target, target_checkpoint),
             sched,
             encode=tokenizer.encode,
             make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),

@@ -29,6 +29,7 @@ from trispec.errors import InvalidInputError
 from trispec.request import GenerationRequest, Limits, validate_request
 from trispec.sampling import make_generator
 from trispec.sequence import FinishReason, Sequence
+from trispec.speculation import SpeculationController
 from trispec.stats import AcceptanceStats, EngineStats
 from trispec.verifier import Verifier, VerifyInput
 
@@ -73,6 +74,7 @@ class Scheduler:
             vocab_size=verifier.vocab_size,
         )
         self.stats = EngineStats()
+        self.controller = SpeculationController() if config.adaptive_speculation and drafter else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._ids = itertools.count()
@@ -125,8 +127,9 @@ class Scheduler:
             return outputs
         self.stats.steps += 1
 
+        speculate = bool(ready) and (self.controller is None or self.controller.choose(len(ready)))
         t0 = time.perf_counter()
-        drafts = self._draft(ready, prefill)
+        drafts = self._draft(ready, prefill, speculate)
         t1 = time.perf_counter()
         items = [
             VerifyInput(seq.seq_id, seq.token_ids[seq.num_cached :], draft, seq.sampling, seq.generator)
@@ -134,6 +137,15 @@ class Scheduler:
         ]
         results = self.verifier.verify(items, prefill)
         t2 = time.perf_counter()
+        if (
+            self.controller is not None
+            and ready
+            and not prefill
+            and all(len(i.pending_tokens) == 1 for i in items)
+        ):
+            # only pure decode steps: prompt work would blur the comparison
+            emitted = sum(len(r.tokens) for r in results)
+            self.controller.record(len(ready), speculate, emitted, t2 - t0)
         for chunk in prefill:
             self._seq(chunk.seq_id).num_cached += len(chunk.token_ids)
         if ready:
@@ -193,12 +205,16 @@ class Scheduler:
                 prefill.append(ForwardInput(seq.seq_id, chunk, 0))
         return ready, prefill
 
-    def _draft(self, ready: list[Sequence], prefill: list[ForwardInput]) -> list[DraftProposal]:
+    def _draft(
+        self, ready: list[Sequence], prefill: list[ForwardInput], speculate: bool
+    ) -> list[DraftProposal]:
         drafts = [DraftProposal([]) for _ in ready]
         if self.drafter is None:
             return drafts
         self.drafter.prefill([c for c in prefill if self._seq(c.seq_id).uses_drafter])
-        index = [i for i, seq in enumerate(ready) if seq.uses_drafter]
+        # a seeded sampled request always drafts its own k: its random draws, hence its output,
+        # depend on k, and the seed promises the same output on every run
+        index = [i for i, seq in enumerate(ready) if seq.uses_drafter and (speculate or seq.seeded_sampling)]
         requests = [
             DraftRequest(
                 seq_id=ready[i].seq_id,

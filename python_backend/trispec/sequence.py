@@ -54,5 +54,9 @@ class Sequence:
         return self.max_tokens - len(self.output_ids)
 
     @property
+    def seeded_sampling(self) -> bool:
+        return not self.sampling.greedy and self.sampling.seed is not None
+
+    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
