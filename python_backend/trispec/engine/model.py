@@ -7,16 +7,18 @@ sequence its own count and start position) and the paged KV cache:
 * attention runs per *group*: sequences with the same number of new tokens are packed next to each
   other, so a group's queries are a plain ``view`` ``[B, n, H, D]``; its keys/values are gathered from
   the cache with one ``index_select`` per layer (indices computed once per forward, shared by all
-  layers) and padded to the group's longest context with a boolean mask;
+  layers) and padded to the group's longest context with an additive mask. A lone sequence whose
+  blocks are consecutive (the usual case) reads its keys as a slice of the cache, no gather; a fresh
+  prefill attends to its own new keys directly;
 * the LM head (the biggest matmul for a 49k vocabulary) runs only on rows whose logits are wanted.
 
-Weights are plain tensors (no ``nn.Module`` per layer) to keep per-layer Python overhead small:
-decode on a 135M model is dominated by ~20 small ops x 30 layers, not by FLOPs.
+Weights are plain tensors and plain callables (no ``nn.Module`` per layer): at 1-5 tokens a step is
+~120 matmuls plus ~40 small ops per layer, and the Python/dispatch cost of the small ops is a
+visible part of a 135M model's step on 2 cores.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -173,23 +175,46 @@ class Linear(Protocol):
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
-@functools.cache
-def onednn_linear_available() -> bool:
-    """Whether oneDNN's prepacked fp32 linear (what inductor uses on CPU) works in this build."""
+def _has_native_bf16() -> bool:
     try:
-        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 8), 5)
-        y = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8), w, None, "none", [], "")
-        return bool(torch.equal(y, torch.full((2, 4), 8.0)))
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+
+
+_NATIVE_BF16 = _has_native_bf16()
+
+
+def _find_onednn_linear() -> Any:
+    """oneDNN's prepacked fp32 linear (what inductor uses on CPU), if it works in this build.
+
+    Returns the resolved op overload: calling ``torch.ops.mkldnn._linear_pointwise`` by attribute
+    costs ~10 us per call in overload resolution, 1 ms per step over 121 matmuls.
+    """
+    try:
+        op = torch.ops.mkldnn._linear_pointwise.default
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 8), 5)
+        ok = torch.equal(op(torch.ones(2, 8), w, None, "none", [], ""), torch.full((2, 4), 8.0))
+    except (AttributeError, RuntimeError):
+        return None
+    return op if ok else None
+
+
+_onednn_linear = _find_onednn_linear()
+
+
+def onednn_linear_available() -> bool:
+    return _onednn_linear is not None
 
 
 class DenseLinear:
     """``y = x W^T + b``. fp32 weights are prepacked for oneDNN when available.
 
-    Measured on the 2-core AVX2 CPU: for the 2..8-token verify batches of speculative decoding,
-    MKL's sgemm costs 3-4x its 1-token gemv, oneDNN's prepacked kernel ~1.5-2x, and prefill is
-    faster too; 1-token decode is the same. ``prepack=False`` keeps a plain tensor (F.linear).
+    Measured on the 2-core AVX2 CPU (SmolLM2-135M, whole step, 2 threads): with MKL (F.linear) a
+    5-token verify step costs ~1.9x a 1-token decode step (MKL's small-M sgemm is compute-bound at
+    ~30 GFLOP/s), with oneDNN's prepacked brgemm ~1.2-1.3x; 1-token decode and prefill are as fast
+    or faster. ``prepack=False`` keeps a plain tensor (F.linear). Packing is fp32-only here: oneDNN's
+    bf16 path needs AVX512/AVX-NE-CONVERT.
     """
 
     # Batch-size hint for the packed layout: the verify step (a few tokens) is the one to win.
@@ -202,13 +227,20 @@ class DenseLinear:
         self.out_features = weight.shape[0]
         self.weight = weight.contiguous()
         self.packed: torch.Tensor | None = None
-        if prepack and weight.dtype == torch.float32 and onednn_linear_available():
+        if prepack and weight.dtype == torch.float32 and _onednn_linear is not None:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, self.PACK_HINT)
             self.weight = None  # type: ignore[assignment]  # the packed copy replaces it
 
+    # Rows from which a bf16 matmul is done as fp32 instead: without native bf16 (AVX2 only) the
+    # bf16 GEMM costs ~M times the 1-row GEMV, and up-casting the weight once is cheaper than that.
+    BF16_UPCAST_ROWS = 16
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return _onednn_linear(x, self.packed, self.bias, "none", [], "")
+        if x.dtype == torch.bfloat16 and x.shape[0] >= self.BF16_UPCAST_ROWS and not _NATIVE_BF16:
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -279,8 +311,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without weight (folded into the next matmul). One call: ATen computes bf16 in fp32."""
-    return F.rms_norm(x, (x.shape[-1],), None, eps)
+    """RMSNorm without weight (folded into the next matmul)."""
+    if x.dtype == torch.float32:
+        # Spelled out: ~8 us/call less than F.rms_norm's composite (which adds dtype round trips).
+        return x * torch.rsqrt(torch.mean(x * x, -1, keepdim=True).add_(eps))
+    return F.rms_norm(x, (x.shape[-1],), None, eps)  # ATen computes reduced precision in fp32
 
 
 class Transformer:

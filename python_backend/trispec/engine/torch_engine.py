@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -93,7 +92,14 @@ class TorchEngine:
         block_size: int = 16,
         max_context: int | None = None,
     ) -> TorchEngine:
-        """From a HF-named state dict (``model.embed_tokens.weight``, ``model.layers.0...``)."""
+        """From a HF-named state dict (``model.embed_tokens.weight``, ``model.layers.0...``).
+
+        ``dtype``: "float32" | "bfloat16" (weights, activations and KV cache); ``None`` means float32,
+        or bfloat16 with ``weight_quant="int8"`` (the int8 kernel wants bf16 activations).
+        ``weight_quant="int8"``: weight-only int8, per-output-channel scales (the self-draft).
+        KV pool: ``num_blocks`` blocks of ``block_size`` tokens, else as many as fit ``kv_cache_mb``.
+        ``max_context`` defaults to min(max_position_embeddings, pool capacity in tokens).
+        """
         dt = resolve_dtype(dtype, weight_quant)
         rope_length = max(args.max_position_embeddings, max_context or 0)
         model = build_transformer(
@@ -108,17 +114,56 @@ class TorchEngine:
         )
 
     @classmethod
-    def from_random(cls, args: ModelArgs, seed: int, **kwargs: Any) -> TorchEngine:
+    def from_random(
+        cls,
+        args: ModelArgs,
+        seed: int,
+        *,
+        dtype: str | torch.dtype | None = None,
+        weight_quant: str | None = None,
+        kv_cache_mb: float = 256.0,
+        num_blocks: int | None = None,
+        block_size: int = 16,
+        max_context: int | None = None,
+    ) -> TorchEngine:
         """Deterministic random weights (same seed -> same weights -> same logits)."""
-        return cls.from_state_dict(args, random_state_dict(args, seed), **kwargs)
+        return cls.from_state_dict(
+            args,
+            random_state_dict(args, seed),
+            dtype=dtype,
+            weight_quant=weight_quant,
+            kv_cache_mb=kv_cache_mb,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_context=max_context,
+        )
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, **kwargs: Any) -> TorchEngine:
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        *,
+        dtype: str | torch.dtype | None = None,
+        weight_quant: str | None = None,
+        kv_cache_mb: float = 256.0,
+        num_blocks: int | None = None,
+        block_size: int = 16,
+        max_context: int | None = None,
+    ) -> TorchEngine:
         """From a GGUF file or a HF safetensors directory (config.json + *.safetensors)."""
         from trispec.engine.weights import load_checkpoint
 
         args, state_dict = load_checkpoint(path)
-        return cls.from_state_dict(args, state_dict, **kwargs)
+        return cls.from_state_dict(
+            args,
+            state_dict,
+            dtype=dtype,
+            weight_quant=weight_quant,
+            kv_cache_mb=kv_cache_mb,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_context=max_context,
+        )
 
     # -- Engine protocol -----------------------------------------------------------------------
     @property
