@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers
+from tiny import byte_tokenizer
+from tokenizers import decoders, models
 from trispec.checkpoints import smollm2_gguf
 from trispec.detokenize import IncrementalDetokenizer, StopMatcher, StopTextTracker
 from trispec.errors import InvalidInputError
@@ -25,11 +26,7 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def byte_tok() -> Tokenizer:
     """One token per byte, no merges: every non-ASCII character spans several tokens."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = tokenizers.Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    return Tokenizer(tok, eos_ids=frozenset())
+    return byte_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -4,38 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_args
 from trispec.engine.base import Engine, ForwardInput
 from trispec.engine.model import ModelArgs
 from trispec.engine.torch_engine import TorchEngine
 from trispec.errors import CapacityError, ConfigError
 
-ARGS = ModelArgs(
-    arch="qwen2",
-    vocab_size=320,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=3,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-6,
-    tie_embeddings=True,
-    attention_bias=True,
-    max_position_embeddings=512,
-)
-LLAMA = ModelArgs(
-    arch="llama",
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=160,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rope_theta=500000.0,
-    tie_embeddings=False,
-    max_position_embeddings=512,
+ARGS = tiny_args("qwen2", 320, num_layers=3, tie_embeddings=True, max_position_embeddings=512)
+LLAMA = tiny_args(
+    "llama", 256, intermediate_size=160, rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=512
 )
 
 

@@ -6,25 +6,13 @@ import random
 
 import pytest
 import torch
+from tiny import tiny_args
 from trispec.engine.base import ForwardInput
 from trispec.engine.kv_cache import BlockManager, KVCache, blocks_for
-from trispec.engine.model import ModelArgs
 from trispec.engine.torch_engine import TorchEngine
 from trispec.errors import CapacityError, ConfigError
 
-ARGS = ModelArgs(
-    arch="llama",
-    vocab_size=288,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rope_theta=10000.0,
-    tie_embeddings=True,
-    max_position_embeddings=1024,
-)
+ARGS = tiny_args("llama", 288, tie_embeddings=True)
 
 
 # -- BlockManager unit tests ---------------------------------------------------------------------

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-
 from tiny import ascii_tokenizer, tiny_args
 from trispec.cli.generate import main as generate_main
 from trispec.config import load_config

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny import tiny_args
 from trispec.engine.base import ForwardInput
 from trispec.engine.model import ModelArgs, random_state_dict
 from trispec.engine.torch_engine import TorchEngine
@@ -22,35 +23,16 @@ transformers = pytest.importorskip("transformers")
 
 TOL = 1e-4
 
-QWEN2 = ModelArgs(
-    arch="qwen2",
-    vocab_size=384,
-    hidden_size=64,
+QWEN2 = tiny_args(
+    "qwen2",
+    384,
     intermediate_size=176,
     num_layers=3,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
     rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
     tie_embeddings=True,
-    attention_bias=True,
     max_position_embeddings=256,
 )
-LLAMA = ModelArgs(
-    arch="llama",
-    vocab_size=320,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rope_theta=100000.0,
-    rms_norm_eps=1e-5,
-    tie_embeddings=False,
-    max_position_embeddings=256,
-)
+LLAMA = tiny_args("llama", 320, rope_theta=100000.0, rms_norm_eps=1e-5, max_position_embeddings=256)
 
 
 def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:

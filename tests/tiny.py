@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
@@ -19,8 +21,9 @@ from trispec.verifier import LogitsVerifier
 TINY_VOCAB = 320  # 256 byte tokens + room for ids the tokenizer never produces
 
 
-def tiny_args(arch: str = "llama", vocab_size: int = TINY_VOCAB) -> ModelArgs:
-    return ModelArgs(
+def tiny_args(arch: str = "llama", vocab_size: int = TINY_VOCAB, **overrides: Any) -> ModelArgs:
+    """A tiny config; tests vary theta, tying, depth etc. through ``overrides``."""
+    args = ModelArgs(
         arch=arch,
         vocab_size=vocab_size,
         hidden_size=64,
@@ -35,6 +38,7 @@ def tiny_args(arch: str = "llama", vocab_size: int = TINY_VOCAB) -> ModelArgs:
         attention_bias=arch == "qwen2",
         max_position_embeddings=1024,
     )
+    return dataclasses.replace(args, **overrides)
 
 
 def tiny_engine(seed: int = 0, arch: str = "llama", **kw: object) -> TorchEngine:

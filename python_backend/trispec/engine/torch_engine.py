@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -114,29 +115,10 @@ class TorchEngine:
         )
 
     @classmethod
-    def from_random(
-        cls,
-        args: ModelArgs,
-        seed: int,
-        *,
-        dtype: str | torch.dtype | None = None,
-        weight_quant: str | None = None,
-        kv_cache_mb: float = 256.0,
-        num_blocks: int | None = None,
-        block_size: int = 16,
-        max_context: int | None = None,
-    ) -> TorchEngine:
-        """Deterministic random weights (same seed -> same weights -> same logits)."""
-        return cls.from_state_dict(
-            args,
-            random_state_dict(args, seed),
-            dtype=dtype,
-            weight_quant=weight_quant,
-            kv_cache_mb=kv_cache_mb,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            max_context=max_context,
-        )
+    def from_random(cls, args: ModelArgs, seed: int, **kwargs: Any) -> TorchEngine:
+        """Deterministic random weights (same seed -> same weights -> same logits); keywords as
+        ``from_state_dict``."""
+        return cls.from_state_dict(args, random_state_dict(args, seed), **kwargs)
 
     @classmethod
     def from_checkpoint(
