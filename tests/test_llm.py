@@ -122,3 +122,20 @@ def test_ngram_lookup() -> None:
     # the most recent match wins
     assert ngram_lookup([1, 4, 1, 5, 1], k=1, max_ngram=1, min_ngram=1) == [5]
     assert ngram_lookup([1, 2, 1, 2], k=0, max_ngram=2, min_ngram=1) == []
+
+
+def test_build_prepares_and_checks_the_pair(checkpoints: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trispec_build.cli import main as build_main
+
+    good = write_config(
+        checkpoints, "drafter:\n  kind: model\n  model:\n    checkpoint:\n      path: draft\n"
+    )
+    assert build_main(["--config", str(good), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["role"] for r in rows] == ["target", "drafter.model"]
+    assert all(r["arch"] == "llama" and r["vocab"] == 320 for r in rows)
+    bad = write_config(
+        checkpoints, "drafter:\n  kind: model\n  model:\n    checkpoint:\n      path: other_vocab\n"
+    )
+    assert build_main(["--config", str(bad)]) == 2
+    assert "drafter.model.checkpoint" in capsys.readouterr().err
