@@ -27,7 +27,9 @@ def test_picks_the_faster_arm_per_batch_size_and_keeps_exploring() -> None:
     large = drive(controller, 16, {True: 40.0, False: 90.0}, 100)
     assert small[:3] == [True] * 3 and large[:3] == [True] * 3  # warm-up tries speculation first
     assert small[3:6] == [False] * 3 and large[3:6] == [False] * 3
-    assert sum(small[6:]) > 80 and sum(large[6:]) < 15
+    assert sum(small[6:]) > 80
+    # speculation lost by more than 1.5x at batch 16: it is re-tried only every 4 x 10 steps
+    assert 1 <= sum(large[6:]) <= 3
     assert not all(small[6:]) and any(large[6:])  # the other arm is still tried now and then
     snapshot = controller.snapshot()
     assert snapshot[1]["speculative"] > snapshot[1]["plain"]

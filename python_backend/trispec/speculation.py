@@ -4,7 +4,8 @@ Drafting pays off when the target is memory-bound (small batches) and loses when
 turns compute-bound (large batches) — the reason peers get slower than plain decoding under load.
 ``SpeculationController`` keeps, per batch-size bucket, a moving average of the throughput each arm
 actually delivered (tokens emitted per second of step time) and picks the better arm, trying the
-other now and then so a change (acceptance drifting, load shifting) is noticed. The choice only
+other now and then (less often when it lost by far) so a change (acceptance drifting, load
+shifting) is noticed. The choice only
 changes speed: the output is the target's either way.
 """
 
@@ -50,7 +51,10 @@ class SpeculationController:
         if plain.samples < self.warmup_steps:
             return False
         best = spec.throughput >= plain.throughput
-        if bucket.steps % self.explore_every == 0:
+        # re-try the other arm now and then; rarely when it lost clearly (each try costs a slow step)
+        high, low = max(spec.throughput, plain.throughput), min(spec.throughput, plain.throughput)
+        interval = self.explore_every * (4 if high > 1.5 * low else 1)
+        if bucket.steps % interval == 0:
             return not best
         return best
 
