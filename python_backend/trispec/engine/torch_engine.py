@@ -121,31 +121,13 @@ class TorchEngine:
         return cls.from_state_dict(args, random_state_dict(args, seed), **kwargs)
 
     @classmethod
-    def from_checkpoint(
-        cls,
-        path: str | Path,
-        *,
-        dtype: str | torch.dtype | None = None,
-        weight_quant: str | None = None,
-        kv_cache_mb: float = 256.0,
-        num_blocks: int | None = None,
-        block_size: int = 16,
-        max_context: int | None = None,
-    ) -> TorchEngine:
-        """From a GGUF file or a HF safetensors directory (config.json + *.safetensors)."""
+    def from_checkpoint(cls, path: str | Path, **kwargs: Any) -> TorchEngine:
+        """From a GGUF file or a HF safetensors directory (config.json + *.safetensors); keywords as
+        ``from_state_dict``."""
         from trispec.engine.weights import load_checkpoint
 
         args, state_dict = load_checkpoint(path)
-        return cls.from_state_dict(
-            args,
-            state_dict,
-            dtype=dtype,
-            weight_quant=weight_quant,
-            kv_cache_mb=kv_cache_mb,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            max_context=max_context,
-        )
+        return cls.from_state_dict(args, state_dict, **kwargs)
 
     # -- Engine protocol -----------------------------------------------------------------------
     @property
