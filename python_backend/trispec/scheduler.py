@@ -8,12 +8,16 @@ One ``step()``:
   5. verify all drafts, and the prefill chunks, in ONE batched target pass;
   6. per sequence: accept, roll both caches back, emit verified tokens, retire finished ones.
 
+If the batched round raises, it is undone and rerun one sequence at a time: only a sequence that
+fails on its own finishes with ``error``; the others carry on.
+
 ``num_draft_tokens`` 0 is plain decoding through the same loop.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -33,6 +37,8 @@ from trispec.speculation import SpeculationController
 from trispec.stats import AcceptanceStats, EngineStats
 from trispec.verifier import Verifier, VerifyInput
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class RequestOutput:
@@ -44,6 +50,8 @@ class RequestOutput:
     finished: bool
     finish_reason: FinishReason | None
     stats: AcceptanceStats
+    # why the request failed (finish_reason ERROR): the engine raised for this sequence alone
+    error: str | None = None
 
 
 class Scheduler:
@@ -126,7 +134,17 @@ class Scheduler:
         if not ready and not prefill:
             return outputs
         self.stats.steps += 1
+        try:
+            outputs += self._round(ready, prefill)
+        except Exception as exc:
+            outputs += self._isolate_failure(ready, prefill, exc)
+        self._retire()
+        return outputs
 
+    def _round(
+        self, ready: list[Sequence], prefill: list[ForwardInput], measure: bool = True
+    ) -> list[RequestOutput]:
+        """Draft, verify in one batched target pass, and apply the results (steps 4-6)."""
         speculate = bool(ready) and (self.controller is None or self.controller.choose(len(ready)))
         t0 = time.perf_counter()
         drafts = self._draft(ready, prefill, speculate)
@@ -138,7 +156,8 @@ class Scheduler:
         results = self.verifier.verify(items, prefill)
         t2 = time.perf_counter()
         if (
-            self.controller is not None
+            measure
+            and self.controller is not None
             and ready
             and not prefill
             and all(len(i.pending_tokens) == 1 for i in items)
@@ -152,13 +171,46 @@ class Scheduler:
             self.stats.record_verify_batch(len(ready))
         self.stats.draft_time_s += t1 - t0
         self.stats.verify_time_s += t2 - t1
-
+        outputs = []
         for seq, draft, result in zip(ready, drafts, results):
             seq.stats.draft_time_s += t1 - t0
             seq.stats.verify_time_s += t2 - t1
             outputs.append(self._apply(seq, draft, result))
-        self._retire()
         return outputs
+
+    def _isolate_failure(
+        self, ready: list[Sequence], prefill: list[ForwardInput], exc: Exception
+    ) -> list[RequestOutput]:
+        """A batched round raised: undo it, then rerun each sequence alone so that only the ones
+        that fail on their own are failed; the rest of the batch carries on."""
+        involved = [*ready, *(self._seq(c.seq_id) for c in prefill)]
+        self._undo(involved)
+        if len(involved) == 1:
+            return [self._fail(involved[0], exc)]
+        logger.warning("a batched round of %d sequences failed (%r); retrying one by one", len(involved), exc)
+        outputs = []
+        alone: list[tuple[list[Sequence], list[ForwardInput]]] = [([s], []) for s in ready]
+        alone += [([], [c]) for c in prefill]
+        for (seqs, chunks), seq in zip(alone, involved):
+            try:
+                outputs += self._round(seqs, chunks, measure=False)
+            except Exception as seq_exc:
+                self._undo([seq])
+                outputs.append(self._fail(seq, seq_exc))
+        return outputs
+
+    def _undo(self, seqs: list[Sequence]) -> None:
+        """Forget anything a failed round put in either cache past the verified tokens."""
+        for seq in seqs:
+            self.verifier.rollback(seq.seq_id, seq.num_cached)
+            if seq.uses_drafter and self.drafter is not None:
+                self.drafter.rollback(seq.seq_id, seq.num_cached)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
+        logger.error("request %d failed: %r", seq.seq_id, exc, exc_info=exc)
+        seq.finish_reason = FinishReason.ERROR
+        seq.error = f"{type(exc).__name__}: {exc}"
+        return self._output(seq, [], "")
 
     def _take_inbox(self) -> list[RequestOutput]:
         with self._lock:
@@ -260,7 +312,7 @@ class Scheduler:
         return self._output(seq, new_ids, text)
 
     def _output(self, seq: Sequence, new_ids: list[int], text: str) -> RequestOutput:
-        return RequestOutput(seq.seq_id, new_ids, text, seq.finished, seq.finish_reason, seq.stats)
+        return RequestOutput(seq.seq_id, new_ids, text, seq.finished, seq.finish_reason, seq.stats, seq.error)
 
     def _retire(self) -> None:
         for seq in self.running:

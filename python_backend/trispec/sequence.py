@@ -34,6 +34,7 @@ class Sequence:
     num_cached: int = 0
     uses_drafter: bool = False
     finish_reason: FinishReason | None = None
+    error: str | None = None
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
 
     @property

@@ -49,6 +49,10 @@ class Verifier(Protocol):
         keeps exactly the verified tokens afterwards (rejected drafts are rolled back)."""
         ...
 
+    def rollback(self, seq_id: int, num_verified: int) -> None:
+        """Undo a failed verify: forget anything cached past the first ``num_verified`` tokens."""
+        ...
+
     def free(self, seq_id: int) -> None: ...
 
     def kv_usage(self) -> KVUsage: ...
@@ -98,6 +102,10 @@ class LogitsVerifier:
         if draft_probs is None:
             draft_probs = torch.zeros(0, target_probs.shape[-1])
         return speculative_accept(item.draft.tokens, draft_probs, target_probs, item.generator)
+
+    def rollback(self, seq_id: int, num_verified: int) -> None:
+        if self.engine.cached_length(seq_id) > num_verified:
+            self.engine.truncate(seq_id, num_verified)
 
     def free(self, seq_id: int) -> None:
         self.engine.free(seq_id)

@@ -1,0 +1,89 @@
+"""An engine failure on one sequence fails that request only; the batch carries on unchanged."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+from tiny import model_drafter, run_to_completion, tiny_engine, tiny_scheduler, tokens_of
+from trispec.drafters.model_drafter import ModelDrafter
+from trispec.engine.base import ForwardInput
+from trispec.engine.torch_engine import TorchEngine
+from trispec.request import GenerationRequest
+from trispec.sequence import FinishReason
+
+PROMPTS = [
+    "alpha beta",
+    "gamma delta epsilon",
+    "a much longer prompt that needs chunked prefill " * 3,
+    "zeta",
+]
+
+
+class FaultyEngine:
+    """A real engine that raises whenever a poisoned sequence is in the forward batch."""
+
+    def __init__(self, engine: TorchEngine, poisoned: set[int]) -> None:
+        self.engine = engine
+        self.poisoned = poisoned
+        self.failures = 0
+
+    def forward(self, inputs: Sequence[ForwardInput]) -> list[torch.Tensor]:
+        if any(inp.seq_id in self.poisoned for inp in inputs):
+            self.failures += 1
+            raise RuntimeError("simulated device fault")
+        return self.engine.forward(inputs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.engine, name)
+
+
+def _run(poisoned: set[int], where: str, k: int) -> tuple[dict, TorchEngine, TorchEngine, FaultyEngine]:
+    target, draft_engine = tiny_engine(0), tiny_engine(1)
+    faulty_target = FaultyEngine(target, poisoned if where == "target" else set())
+    faulty_draft = FaultyEngine(draft_engine, poisoned if where == "drafter" else set())
+    sched = tiny_scheduler(
+        faulty_target,  # type: ignore[arg-type]
+        ModelDrafter(faulty_draft),  # type: ignore[arg-type]
+        max_prefill_tokens_per_step=24,
+        adaptive_speculation=False,
+    )
+    ids = [sched.add_request(GenerationRequest(prompt=p, max_tokens=24, num_draft_tokens=k)) for p in PROMPTS]
+    assert ids == list(range(len(PROMPTS)))
+    faulty = faulty_target if where == "target" else faulty_draft
+    return run_to_completion(sched), target, draft_engine, faulty
+
+
+@pytest.mark.parametrize("where", ["target", "drafter"])
+@pytest.mark.parametrize("poisoned_id", [0, 2])  # 2 has the long, chunk-prefilled prompt
+def test_one_failing_sequence_fails_alone(where: str, poisoned_id: int) -> None:
+    reference, _, _, _ = _run(set(), where, k=3)
+    outputs, target, draft_engine, faulty = _run({poisoned_id}, where, k=3)
+
+    assert faulty.failures >= 1
+    failed = outputs[poisoned_id][-1]
+    assert failed.finished and failed.finish_reason is FinishReason.ERROR
+    assert failed.error is not None and "simulated device fault" in failed.error
+    for rid in range(len(PROMPTS)):
+        if rid == poisoned_id:
+            continue
+        assert outputs[rid][-1].finish_reason is FinishReason.LENGTH
+        assert tokens_of(outputs[rid]) == tokens_of(reference[rid]), f"request {rid} changed"
+    # nothing leaked: both pools are empty again
+    assert target.kv_usage().used_blocks == 0
+    assert draft_engine.kv_usage().used_blocks == 0
+
+
+def test_requests_after_a_failure_are_served() -> None:
+    target = tiny_engine(0)
+    faulty = FaultyEngine(target, {0})
+    sched = tiny_scheduler(faulty, model_drafter(1))  # type: ignore[arg-type]
+    sched.add_request(GenerationRequest(prompt="doomed", max_tokens=8))
+    first = run_to_completion(sched)
+    assert first[0][-1].finish_reason is FinishReason.ERROR
+    later = sched.add_request(GenerationRequest(prompt="fine", max_tokens=8))
+    second = run_to_completion(sched)
+    assert second[later][-1].finish_reason is FinishReason.LENGTH
+    assert len(tokens_of(second[later])) == 8
+    assert target.kv_usage().used_blocks == 0
