@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 @dataclass
 class AcceptanceStats:
     rounds: int = 0
+    # rounds that proposed at least one draft token
+    drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
     # accepted_per_position[i]: rounds in which draft position i (0-based) was accepted
@@ -21,6 +23,7 @@ class AcceptanceStats:
 
     def record_round(self, num_drafted: int, num_accepted: int) -> None:
         self.rounds += 1
+        self.drafts += num_drafted > 0
         self.draft_tokens += num_drafted
         self.accepted_tokens += num_accepted
         if len(self.accepted_per_position) < num_drafted:

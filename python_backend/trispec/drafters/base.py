@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from trispec.engine.base import ForwardInput
+from trispec.engine.base import ForwardInput, KVUsage
 from trispec.sampling import SamplingParams
 
 
@@ -50,3 +50,7 @@ class Drafter(Protocol):
         ...
 
     def free(self, seq_id: int) -> None: ...
+
+    def kv_usage(self) -> KVUsage | None:
+        """The draft model's KV pool; None for drafters without one (n-gram)."""
+        ...

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from trispec.drafters.base import DraftProposal, DraftRequest
-from trispec.engine.base import Engine, ForwardInput
+from trispec.engine.base import Engine, ForwardInput, KVUsage
 from trispec.sampling import logits_to_probs, sample
 
 
@@ -61,3 +61,6 @@ class ModelDrafter:
 
     def free(self, seq_id: int) -> None:
         self.engine.free(seq_id)
+
+    def kv_usage(self) -> KVUsage | None:
+        return self.engine.kv_usage()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trispec.drafters.base import DraftProposal, DraftRequest
-from trispec.engine.base import ForwardInput
+from trispec.engine.base import ForwardInput, KVUsage
 from trispec.sampling import one_hot_probs
 
 
@@ -57,3 +57,6 @@ class NgramDrafter:
 
     def free(self, seq_id: int) -> None:
         pass
+
+    def kv_usage(self) -> KVUsage | None:
+        return None

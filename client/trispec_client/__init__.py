@@ -1,0 +1,1 @@
+"""Client library and CLI for the specdec model on Triton (gRPC and HTTP)."""

@@ -1,0 +1,1 @@
+"""Serving the speculative loop from Triton Inference Server."""

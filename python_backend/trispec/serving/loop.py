@@ -1,0 +1,213 @@
+"""The serving loop: one background thread steps the in-flight batcher and streams each request its
+newly verified text.
+
+Triton's ``execute()`` only validates a request and ``submit``s it here; it never waits. Every round
+the loop checks each live request for cancellation, steps the scheduler once, and sends every
+request what that round verified. Nothing here imports Triton: a response sink is anything with
+``is_cancelled`` / ``send`` / ``send_error`` (the Triton one lives in ``triton_model``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from trispec.engine.base import KVUsage
+from trispec.scheduler import RequestOutput, Scheduler
+from trispec.sequence import FinishReason
+from trispec.serving.tensors import ParsedRequest, response_tensors
+from trispec.stats import EngineStats
+
+logger = logging.getLogger(__name__)
+
+
+class ResponseSink(Protocol):
+    """Where one request's responses go."""
+
+    def is_cancelled(self) -> bool: ...
+
+    def send(self, tensors: dict[str, np.ndarray], final: bool) -> None: ...
+
+    def send_error(self, message: str) -> None:
+        """An error response that also ends the request."""
+        ...
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What one loop round did, for metrics."""
+
+    # None for the report made at start, before any round
+    latency_s: float | None
+    running: int
+    waiting: int
+    target_kv: KVUsage
+    draft_kv: KVUsage | None
+    # cumulative totals over all requests since start
+    engine: EngineStats
+    # finish reasons of the requests that ended this round
+    finished: list[str] = field(default_factory=list)
+
+
+class LoopMetrics(Protocol):
+    def record(self, report: RoundReport) -> None: ...
+
+
+@dataclass
+class _Live:
+    sink: ResponseSink
+    prompt: str
+    stream: bool
+    exclude_input_in_output: bool
+    text: str = ""  # accumulated for stream=false
+    token_count: int = 0
+
+
+class ServingLoop:
+    def __init__(self, scheduler: Scheduler, metrics: LoopMetrics | None = None) -> None:
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self._live: dict[int, _Live] = {}
+        # held while a request is registered, and while a round's outputs are dispatched, so an
+        # output never arrives for a request that is not registered yet
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="specdec-loop", daemon=True)
+
+    # -- called from Triton's threads ------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: ParsedRequest, sink: ResponseSink) -> int:
+        """Queue a request (raises ``InvalidInputError`` naming the field; nothing is queued then)."""
+        if self._stopping.is_set():
+            raise RuntimeError("the model is shutting down")
+        with self._lock:
+            request_id = self.scheduler.add_request(request.generation)
+            self._live[request_id] = _Live(
+                sink, request.generation.prompt, request.stream, request.exclude_input_in_output
+            )
+        self._wake.set()
+        return request_id
+
+    def num_live(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the thread; requests still live get an error response that ends them."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        with self._lock:
+            live, self._live = self._live, {}
+        for state in live.values():
+            self._send_error(state, "the model is shutting down")
+
+    # -- the loop thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        if self.metrics is not None:
+            self._record(None, [])  # gauges show the idle state before the first request
+        while not self._stopping.is_set():
+            if not self.scheduler.has_work():
+                self._wake.wait(timeout=0.1)
+                self._wake.clear()
+                continue
+            self._check_cancellations()
+            start = time.perf_counter()
+            try:
+                outputs = self.scheduler.step()
+            except Exception as exc:  # a bug, not a per-request failure (those come back as outputs)
+                logger.exception("scheduler step failed")
+                self._fail_all(f"internal error: {type(exc).__name__}: {exc}")
+                continue
+            latency = time.perf_counter() - start
+            finished = self._dispatch(outputs)
+            if self.metrics is not None:
+                self._record(latency, finished)
+
+    def _check_cancellations(self) -> None:
+        with self._lock:
+            live = list(self._live.items())
+        for request_id, state in live:
+            try:
+                cancelled = state.sink.is_cancelled()
+            except Exception:  # the sender is gone: nobody is listening any more
+                cancelled = True
+            if cancelled:
+                self.scheduler.cancel(request_id)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> list[str]:
+        finished = []
+        with self._lock:
+            for out in outputs:
+                state = self._live.get(out.request_id)
+                if state is None:
+                    continue
+                if out.finished:
+                    del self._live[out.request_id]
+                    finished.append(out.finish_reason.value if out.finish_reason else "unknown")
+                try:
+                    self._respond(state, out)
+                except Exception:
+                    logger.exception("sending a response for request %d failed", out.request_id)
+                    if not out.finished:
+                        del self._live[out.request_id]
+                        self.scheduler.cancel(out.request_id)
+        return finished
+
+    @staticmethod
+    def _respond(state: _Live, out: RequestOutput) -> None:
+        state.token_count += len(out.new_token_ids)
+        if out.finish_reason is FinishReason.ERROR:
+            state.sink.send_error(f"generation failed: {out.error}")
+            return
+        reason = out.finish_reason.value if out.finish_reason else None
+        if state.stream:
+            if out.finished:
+                state.sink.send(response_tensors(out.new_text, state.token_count, reason, out.stats), True)
+            elif out.new_text:
+                state.sink.send(response_tensors(out.new_text, state.token_count), False)
+            return
+        state.text += out.new_text
+        if out.finished:
+            text = state.text if state.exclude_input_in_output else state.prompt + state.text
+            state.sink.send(response_tensors(text, state.token_count, reason, out.stats), True)
+
+    def _fail_all(self, message: str) -> None:
+        with self._lock:
+            live, self._live = self._live, {}
+        for request_id, state in live.items():
+            self.scheduler.cancel(request_id)
+            self._send_error(state, message)
+
+    @staticmethod
+    def _send_error(state: _Live, message: str) -> None:
+        try:
+            state.sink.send_error(message)
+        except Exception:
+            logger.exception("sending an error response failed")
+
+    def _record(self, latency_s: float | None, finished: list[str]) -> None:
+        scheduler = self.scheduler
+        drafter = scheduler.drafter
+        report = RoundReport(
+            latency_s=latency_s,
+            running=len(scheduler.running),
+            waiting=len(scheduler.waiting),
+            target_kv=scheduler.verifier.kv_usage(),
+            draft_kv=drafter.kv_usage() if drafter is not None else None,
+            engine=scheduler.stats,
+            finished=finished,
+        )
+        try:
+            self.metrics.record(report)  # type: ignore[union-attr]
+        except Exception:
+            logger.exception("recording metrics failed")

@@ -1,0 +1,143 @@
+"""Prometheus metrics on Triton's own metrics port, through the Python backend's ``MetricFamily``.
+
+The loop reports cumulative engine totals after every round; counters are advanced by the change
+since the previous report, gauges are set, and the round latency is observed in a histogram.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from trispec.engine.base import KVUsage
+from trispec.serving.loop import RoundReport
+
+ROUND_LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
+VERIFY_BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
+
+
+class TritonMetrics:
+    """Implements ``LoopMetrics`` with ``pb_utils.MetricFamily`` (pass the pb_utils module)."""
+
+    def __init__(self, pb_utils: ModuleType, model: str) -> None:
+        family = pb_utils.MetricFamily
+        self._family = family
+        self._labels = {"model": model}
+        self._families: dict[str, Any] = {}
+
+        def metric(name: str, kind: Any, description: str, **labels: str) -> Any:
+            if name not in self._families:
+                self._families[name] = family(name=name, description=description, kind=kind)
+            return self._families[name].Metric(labels={**self._labels, **labels})
+
+        def histogram(name: str, description: str, buckets: list[float]) -> Any:
+            self._families[name] = family(name=name, description=description, kind=family.HISTOGRAM)
+            return self._families[name].Metric(labels=self._labels, buckets=buckets)
+
+        self._metric = metric
+        counter, gauge = family.COUNTER, family.GAUGE
+        self.generated_tokens = metric("specdec_generated_tokens_total", counter, "Tokens sent to clients")
+        self.drafts = metric("specdec_drafts_total", counter, "Verify rounds that checked draft tokens")
+        self.draft_tokens = metric("specdec_draft_tokens_total", counter, "Draft tokens proposed")
+        self.accepted_tokens = metric("specdec_accepted_tokens_total", counter, "Draft tokens accepted")
+        self.verify_rounds = metric("specdec_verify_rounds_total", counter, "Per-sequence verify rounds")
+        self.verify_steps = metric("specdec_verify_steps_total", counter, "Batched target verify passes")
+        self.running = metric("specdec_running_sequences", gauge, "Sequences in the running batch")
+        self.waiting = metric("specdec_waiting_sequences", gauge, "Sequences waiting for admission")
+        self.max_verify_batch = metric(
+            "specdec_max_verify_batch_size", gauge, "Most sequences that shared one verify pass so far"
+        )
+        self.round_latency = histogram(
+            "specdec_round_latency_seconds", "Wall time of one loop round", ROUND_LATENCY_BUCKETS
+        )
+        self.verify_batch = histogram(
+            "specdec_verify_batch_size", "Sequences per batched verify pass", VERIFY_BATCH_BUCKETS
+        )
+        self._kv = {
+            (pool, state): metric(f"specdec_kv_blocks_{state}", gauge, f"KV-cache blocks {state}", pool=pool)
+            for pool in ("target", "drafter")
+            for state in ("used", "free")
+        }
+        self._requests: dict[str, Any] = {}
+        self._accepted_at: list[Any] = []
+        self._last = _Totals()
+
+    def _request_counter(self, reason: str) -> Any:
+        if reason not in self._requests:
+            self._requests[reason] = self._metric(
+                "specdec_requests_total", self._family.COUNTER, "Finished requests", finish_reason=reason
+            )
+        return self._requests[reason]
+
+    def _accepted_position(self, position: int) -> Any:
+        while len(self._accepted_at) <= position:
+            self._accepted_at.append(
+                self._metric(
+                    "specdec_accepted_per_position_total",
+                    self._family.COUNTER,
+                    "Rounds in which draft position i (0-based) was accepted",
+                    position=str(len(self._accepted_at)),
+                )
+            )
+        return self._accepted_at[position]
+
+    def record(self, report: RoundReport) -> None:
+        totals = _Totals.of(report)
+        last, self._last = self._last, totals
+        for name in ("generated_tokens", "drafts", "draft_tokens", "accepted_tokens", "verify_rounds"):
+            delta = getattr(totals, name) - getattr(last, name)
+            if delta:
+                getattr(self, name).increment(delta)
+        new_steps = totals.verify_batches - last.verify_batches
+        if new_steps:
+            self.verify_steps.increment(new_steps)
+            # one round has at most one verify pass: observe its mean batch
+            sequences = totals.verify_batch_sequences - last.verify_batch_sequences
+            self.verify_batch.observe(sequences / new_steps)
+        for position, count in enumerate(totals.accepted_per_position):
+            before = last.accepted_per_position[position] if position < len(last.accepted_per_position) else 0
+            if count > before:
+                self._accepted_position(position).increment(count - before)
+        for reason in report.finished:
+            self._request_counter(reason).increment(1)
+        self.running.set(report.running)
+        self.waiting.set(report.waiting)
+        self.max_verify_batch.set(report.engine.max_verify_batch)
+        if report.latency_s is not None:
+            self.round_latency.observe(report.latency_s)
+        self._set_kv("target", report.target_kv)
+        if report.draft_kv is not None:
+            self._set_kv("drafter", report.draft_kv)
+
+    def _set_kv(self, pool: str, usage: KVUsage) -> None:
+        self._kv[(pool, "used")].set(usage.used_blocks)
+        self._kv[(pool, "free")].set(usage.free_blocks)
+
+
+@dataclass
+class _Totals:
+    """A copy of the cumulative figures the counters follow."""
+
+    generated_tokens: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_rounds: int = 0
+    verify_batches: int = 0
+    verify_batch_sequences: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, report: RoundReport) -> _Totals:
+        engine = report.engine
+        return cls(
+            generated_tokens=engine.generated_tokens,
+            drafts=engine.drafts,
+            draft_tokens=engine.draft_tokens,
+            accepted_tokens=engine.accepted_tokens,
+            verify_rounds=engine.rounds,
+            verify_batches=engine.verify_batches,
+            verify_batch_sequences=engine.verify_batch_sequences,
+            accepted_per_position=list(engine.accepted_per_position),
+        )
