@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
-import torch
-from tiny import model_drafter, run_to_completion, tiny_engine, tiny_scheduler, tokens_of
+from tiny import FaultyEngine, model_drafter, run_to_completion, tiny_engine, tiny_scheduler, tokens_of
 from trispec.drafters.model_drafter import ModelDrafter
-from trispec.engine.base import ForwardInput
 from trispec.engine.torch_engine import TorchEngine
 from trispec.request import GenerationRequest
 from trispec.sequence import FinishReason
@@ -19,24 +15,6 @@ PROMPTS = [
     "a much longer prompt that needs chunked prefill " * 3,
     "zeta",
 ]
-
-
-class FaultyEngine:
-    """A real engine that raises whenever a poisoned sequence is in the forward batch."""
-
-    def __init__(self, engine: TorchEngine, poisoned: set[int]) -> None:
-        self.engine = engine
-        self.poisoned = poisoned
-        self.failures = 0
-
-    def forward(self, inputs: Sequence[ForwardInput]) -> list[torch.Tensor]:
-        if any(inp.seq_id in self.poisoned for inp in inputs):
-            self.failures += 1
-            raise RuntimeError("simulated device fault")
-        return self.engine.forward(inputs)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.engine, name)
 
 
 def _run(poisoned: set[int], where: str, k: int) -> tuple[dict, TorchEngine, TorchEngine, FaultyEngine]:

@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import tokenizers
+import torch
 from tokenizers import decoders, models, pre_tokenizers
 from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import Drafter
 from trispec.drafters.model_drafter import ModelDrafter
+from trispec.engine.base import ForwardInput
 from trispec.engine.model import ModelArgs
 from trispec.engine.torch_engine import TorchEngine
 from trispec.scheduler import RequestOutput, Scheduler
@@ -102,3 +104,21 @@ def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000) -> dict[int
 
 def tokens_of(outputs: Sequence[RequestOutput]) -> list[int]:
     return [t for out in outputs for t in out.new_token_ids]
+
+
+class FaultyEngine:
+    """A real engine that raises whenever a poisoned sequence is in the forward batch."""
+
+    def __init__(self, engine: TorchEngine, poisoned: set[int]) -> None:
+        self.engine = engine
+        self.poisoned = poisoned
+        self.failures = 0
+
+    def forward(self, inputs: Sequence[ForwardInput]) -> list[torch.Tensor]:
+        if any(inp.seq_id in self.poisoned for inp in inputs):
+            self.failures += 1
+            raise RuntimeError("simulated device fault")
+        return self.engine.forward(inputs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.engine, name)

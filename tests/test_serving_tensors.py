@@ -1,0 +1,113 @@
+"""The BLS-compatible tensor interface: parsing, defaults, and bad input naming the tensor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from trispec.config import GenerationDefaults
+from trispec.errors import InvalidInputError
+from trispec.serving.tensors import IGNORED_INPUTS, INPUTS, OUTPUTS, parse_inputs, response_tensors
+from trispec.stats import AcceptanceStats
+
+DEFAULTS = GenerationDefaults(max_tokens=32, temperature=0.0)
+
+
+def tensors(**values: object) -> dict[str, np.ndarray]:
+    """Client-style tensors: every value in a [1, 1] array (strings as bytes, lists as [1, n])."""
+    out = {}
+    for name, value in values.items():
+        if isinstance(value, np.ndarray):
+            out[name] = value
+        elif isinstance(value, list):
+            out[name] = np.array([[v.encode() if isinstance(v, str) else v for v in value]], dtype=object)
+        elif isinstance(value, str):
+            out[name] = np.array([[value.encode()]], dtype=object)
+        else:
+            out[name] = np.array([[value]])
+    return out
+
+
+def parse(**values: object):
+    given = tensors(**values)
+    return parse_inputs(given.get, DEFAULTS)
+
+
+def test_defaults_come_from_the_yaml_section() -> None:
+    parsed = parse(text_input="Hello")
+    g = parsed.generation
+    assert (g.prompt, g.max_tokens, g.temperature, g.top_k, g.top_p) == ("Hello", 32, 0.0, 0, 1.0)
+    assert g.num_draft_tokens is None and g.seed is None and g.end_id is None and tuple(g.stop) == ()
+    assert parsed.stream is False and parsed.exclude_input_in_output is False
+
+
+def test_every_field_is_read() -> None:
+    parsed = parse(
+        text_input="Hi",
+        max_tokens=np.array([[7]], dtype=np.int32),
+        num_draft_tokens=np.array([[3]], dtype=np.int32),
+        temperature=np.array([[0.7]], dtype=np.float32),
+        top_k=np.array([[5]], dtype=np.int32),
+        top_p=np.array([[0.9]], dtype=np.float32),
+        random_seed=np.array([[2**63 + 5]], dtype=np.uint64),
+        end_id=np.array([[2]], dtype=np.int32),
+        stop_words=["a,b", "", "c"],
+        bad_words=[""],
+        stream=np.array([[True]]),
+        exclude_input_in_output=np.array([[True]]),
+        repetition_penalty=np.array([[1.3]], dtype=np.float32),
+    )
+    g = parsed.generation
+    assert (g.max_tokens, g.num_draft_tokens, g.top_k, g.end_id) == (7, 3, 5, 2)
+    assert g.temperature == pytest.approx(0.7) and g.top_p == pytest.approx(0.9)
+    assert g.seed == 2**63 + 5
+    assert list(g.stop) == ["a", "b", "c"]  # CSV inside each string, as the BLS model reads them
+    assert parsed.stream and parsed.exclude_input_in_output
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({}, "text_input"),
+        ({"text_input": ""}, "text_input"),
+        ({"text_input": np.array([[b"\xff\xfe"]], dtype=object)}, "text_input"),
+        ({"text_input": ["a", "b"]}, "text_input"),
+        ({"text_input": "x", "temperature": np.array([[-1.0]], dtype=np.float32)}, "temperature"),
+        ({"text_input": "x", "temperature": np.array([[np.nan]], dtype=np.float32)}, "temperature"),
+        ({"text_input": "x", "top_p": np.array([[1.5]], dtype=np.float32)}, "top_p"),
+        ({"text_input": "x", "top_k": np.array([[-2]], dtype=np.int32)}, "top_k"),
+        ({"text_input": "x", "seed": np.array([[1]]), "random_seed": np.array([[2]])}, "seed"),
+        ({"text_input": "x", "beam_width": np.array([[4]], dtype=np.int32)}, "beam_width"),
+        ({"text_input": "x", "max_tokens": np.array([[1, 2]], dtype=np.int32)}, "max_tokens"),
+        ({"text_input": "x", "stop_words": np.array([[b"\xc3"]], dtype=object)}, "stop_words"),
+    ],
+)
+def test_bad_input_names_the_tensor(values: dict, field: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        parse(**values)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}:")
+
+
+def test_table_has_each_name_once_and_documents_ignored_inputs() -> None:
+    names = [s.name for s in INPUTS]
+    assert len(names) == len(set(names))
+    assert [s.name for s in INPUTS if not s.optional] == ["text_input"]
+    assert "bad_words" in IGNORED_INPUTS and "text_input" not in IGNORED_INPUTS
+    assert len({s.name for s in OUTPUTS}) == len(OUTPUTS)
+
+
+def test_response_tensors_follow_the_output_table() -> None:
+    stats = AcceptanceStats()
+    stats.record_round(4, 3)
+    stats.record_round(4, 1)
+    plain = response_tensors("héllo", 5)
+    final = response_tensors("", 9, "length", stats)
+    declared = {s.name for s in OUTPUTS}
+    assert set(plain) == {"text_output", "output_token_count"}
+    assert set(final) == declared
+    assert plain["text_output"].shape == (1, 1) and plain["text_output"][0, 0] == "héllo".encode()
+    assert final["draft_tokens"][0, 0] == 8 and final["accepted_tokens"][0, 0] == 4
+    assert final["verify_rounds"][0, 0] == 2
+    assert final["acceptance_rate"][0, 0] == pytest.approx(0.5)
+    assert final["mean_accepted_length"][0, 0] == pytest.approx(3.0)
+    assert final["finish_reason"][0, 0] == b"length"
