@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from trispec.config import GenerationDefaults
 from trispec.errors import InvalidInputError
-from trispec.serving.tensors import IGNORED_INPUTS, INPUTS, OUTPUTS, parse_inputs, response_tensors
+from trispec.serving.tensors import (
+    IGNORED_INPUTS,
+    INPUTS,
+    OUTPUTS,
+    as_tensor_error,
+    parse_inputs,
+    response_tensors,
+)
 from trispec.stats import AcceptanceStats
 
 DEFAULTS = GenerationDefaults(max_tokens=32, temperature=0.0)
@@ -111,3 +118,9 @@ def test_response_tensors_follow_the_output_table() -> None:
     assert final["acceptance_rate"][0, 0] == pytest.approx(0.5)
     assert final["mean_accepted_length"][0, 0] == pytest.approx(3.0)
     assert final["finish_reason"][0, 0] == b"length"
+
+
+def test_core_errors_are_reported_under_the_tensor_name() -> None:
+    assert str(as_tensor_error(InvalidInputError("prompt", "too long"))) == "text_input: too long"
+    assert as_tensor_error(InvalidInputError("stop", "x")).field == "stop_words"
+    assert as_tensor_error(InvalidInputError("top_p", "x")).field == "top_p"

@@ -84,6 +84,15 @@ OUTPUTS: tuple[TensorSpec, ...] = (
 
 IGNORED_INPUTS: tuple[str, ...] = tuple(spec.name for spec in INPUTS if not spec.used)
 
+# the core's field names where they differ from the tensor a client sent
+_TENSOR_OF_FIELD = {"prompt": "text_input", "stop": "stop_words"}
+
+
+def as_tensor_error(error: InvalidInputError) -> InvalidInputError:
+    """The same error, naming the tensor the client sent rather than the core's field."""
+    tensor = _TENSOR_OF_FIELD.get(error.field)
+    return error if tensor is None else InvalidInputError(tensor, error.message)
+
 
 @dataclass(frozen=True)
 class ParsedRequest:

@@ -17,7 +17,7 @@ import numpy as np
 
 from trispec.errors import InvalidInputError
 from trispec.serving.loop import ServingLoop
-from trispec.serving.tensors import parse_inputs
+from trispec.serving.tensors import as_tensor_error, parse_inputs
 
 # model config parameter holding the YAML path; empty means the built-in default config
 CONFIG_PARAMETER = "specdec_config"
@@ -82,7 +82,7 @@ class TritonPythonModel:
             try:
                 self.loop.submit(parse_inputs(get, self.defaults), sink)
             except InvalidInputError as exc:
-                sink.send_error(str(exc), invalid_argument=True)
+                sink.send_error(str(as_tensor_error(exc)), invalid_argument=True)
             except Exception as exc:
                 logger.exception("could not queue a request")
                 sink.send_error(f"{type(exc).__name__}: {exc}")
