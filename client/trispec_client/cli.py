@@ -1,0 +1,165 @@
+"""specdec-client: send a prompt to the specdec model on Triton and print the text as it arrives.
+
+Exit status: 0 ok, 2 bad arguments (here or INVALID_ARGUMENT from the server), 3 timeout,
+1 any other server or connection error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+from collections.abc import Iterator
+from typing import TextIO
+
+from trispec_client.client import DEFAULT_MODEL, DEFAULT_TIMEOUT_S, DEFAULT_URLS, PROTOCOLS, SpecDecClient
+from trispec_client.errors import InvalidRequestError, SpecDecError, SpecDecTimeoutError
+from trispec_client.results import Completion, StreamChunk, collect
+
+PROG = "specdec-client"
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    gen = commands.add_parser(
+        "generate", help="generate text for one prompt", description="Generate text for TEXT."
+    )
+    gen.add_argument("text", metavar="TEXT", help="the prompt")
+    gen.add_argument(
+        "--url",
+        help=f"server address (default: {DEFAULT_URLS['grpc']} for grpc, {DEFAULT_URLS['http']} for http)",
+    )
+    gen.add_argument("--protocol", choices=PROTOCOLS, default="grpc", help="default: grpc")
+    gen.add_argument("--model", default=DEFAULT_MODEL, help=f"model name (default: {DEFAULT_MODEL})")
+    gen.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="print text as it is verified (default); --no-stream asks for one response at the end",
+    )
+    gen.add_argument("--max-tokens", type=int)
+    gen.add_argument("--num-draft-tokens", type=int, help="draft tokens per round (0: plain decoding)")
+    gen.add_argument("--temperature", type=float)
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    gen.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"whole-request deadline (default: {DEFAULT_TIMEOUT_S:g})",
+    )
+    gen.add_argument("--json", action="store_true", help="print one JSON object at the end instead of text")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def summary(completion: Completion) -> str:
+    """The one-line stderr summary: tokens, finish reason, speculation totals."""
+    head = f"{completion.token_count} tokens, {completion.finish_reason or 'unknown'}"
+    s = completion.stats
+    if s is None:
+        return f"[{head}]"
+    return (
+        f"[{head}; drafted {s.draft_tokens}, accepted {s.accepted_tokens} ({s.acceptance_rate:.0%}), "
+        f"mean accepted length {s.mean_accepted_length:.2f}]"
+    )
+
+
+def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    params = {
+        "max_tokens": args.max_tokens,
+        "num_draft_tokens": args.num_draft_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "stop_words": args.stop,
+    }
+    with SpecDecClient(args.url, protocol=args.protocol, model=args.model, timeout_s=args.timeout) as client:
+        if args.stream:
+            # closing(): an interrupt or error leaves the loop early and must cancel the request on the server
+            with contextlib.closing(client.stream(args.text, **params)) as chunks:
+                completion = collect(chunks if args.json else _echo(chunks, stdout))
+        else:
+            # without the prompt, so that --no-stream prints what --stream would
+            completion = client.generate(args.text, exclude_input_in_output=True, **params)
+            if not args.json:
+                _write_text(stdout, completion.text, end_line=True)
+    if args.json:
+        stdout.write(json.dumps(completion.to_dict(), ensure_ascii=False) + "\n")
+        stdout.flush()
+    else:
+        stderr.write(summary(completion) + "\n")
+    return EXIT_OK
+
+
+def _echo(chunks: Iterator[StreamChunk], stdout: TextIO) -> Iterator[StreamChunk]:
+    """Pass chunks through, printing each one's text at once; end the line however the stream ends."""
+    printed = ""
+    try:
+        for chunk in chunks:
+            if chunk.text:
+                _write_text(stdout, chunk.text)
+                printed = chunk.text
+            yield chunk
+    finally:
+        if printed and not printed.endswith("\n"):
+            _write_text(stdout, "\n")
+
+
+def _write_text(stdout: TextIO, text: str, *, end_line: bool = False) -> None:
+    stdout.write(text + ("\n" if end_line and text and not text.endswith("\n") else ""))
+    stdout.flush()
+
+
+def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Entry point; returns the exit status (usage errors included, instead of raising SystemExit)."""
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    try:
+        args = parse_args(argv)
+    except SystemExit as exc:  # argparse: usage error (2) or --help (0)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        return run(args, stdout, stderr)
+    except KeyboardInterrupt:
+        stderr.write(f"{PROG}: interrupted\n")
+        return EXIT_INTERRUPTED
+    except (SpecDecError, ValueError) as exc:
+        stderr.write(f"{PROG}: error: {exc}\n")
+        return exit_code(exc)
+
+
+def exit_code(exc: BaseException) -> int:
+    """Bad arguments (ours or the server's INVALID_ARGUMENT) 2, timeout 3, other failures 1."""
+    if isinstance(exc, SpecDecTimeoutError):
+        return EXIT_TIMEOUT
+    if isinstance(exc, InvalidRequestError | ValueError):
+        return EXIT_USAGE
+    return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""What comes back: typed stream chunks and completions, built from the model's output tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+_STAT_FIELDS = ("draft_tokens", "accepted_tokens", "verify_rounds", "acceptance_rate", "mean_accepted_length")
+
+
+@dataclass(frozen=True)
+class SpeculationStats:
+    """Whole-request totals from the final response."""
+
+    draft_tokens: int
+    accepted_tokens: int
+    verify_rounds: int
+    acceptance_rate: float
+    mean_accepted_length: float
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """One response. ``text`` is what this response adds; ``token_count`` is cumulative.
+    The final chunk (``final=True``) carries ``finish_reason`` and ``stats`` when the server sent them."""
+
+    text: str
+    token_count: int
+    final: bool = False
+    finish_reason: str | None = None
+    stats: SpeculationStats | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A whole request: the text, tokens generated, why it stopped, and the speculation totals."""
+
+    text: str
+    token_count: int
+    finish_reason: str | None
+    stats: SpeculationStats | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def chunk_from_outputs(
+    outputs: Mapping[str, Any], *, final: bool, previous_token_count: int = 0
+) -> StreamChunk:
+    """One chunk from a response's outputs: numpy arrays (gRPC, shape [1, 1]) or JSON scalars (HTTP SSE).
+
+    An empty final response (flags only) keeps the previous token count and has no text.
+    """
+    text = _scalar(outputs.get("text_output"))
+    count = _scalar(outputs.get("output_token_count"))
+    reason = _scalar(outputs.get("finish_reason"))
+    stats = None
+    if any(outputs.get(name) is not None for name in _STAT_FIELDS):
+        # a partial set still yields stats; missing totals read as 0 rather than hiding the others
+        values = {name: _scalar(outputs.get(name)) for name in _STAT_FIELDS}
+        stats = SpeculationStats(
+            draft_tokens=int(values["draft_tokens"] or 0),
+            accepted_tokens=int(values["accepted_tokens"] or 0),
+            verify_rounds=int(values["verify_rounds"] or 0),
+            acceptance_rate=float(values["acceptance_rate"] or 0.0),
+            mean_accepted_length=float(values["mean_accepted_length"] or 0.0),
+        )
+    return StreamChunk(
+        text="" if text is None else _text(text),
+        token_count=previous_token_count if count is None else int(count),
+        final=final,
+        finish_reason=None if reason is None else _text(reason),
+        stats=stats,
+    )
+
+
+def collect(chunks: Iterable[StreamChunk]) -> Completion:
+    """Join a stream's chunks into a completion (the final chunk's reason and stats)."""
+    parts: list[str] = []
+    last: StreamChunk | None = None
+    for chunk in chunks:
+        parts.append(chunk.text)
+        last = chunk
+    if last is None:
+        return Completion(text="", token_count=0, finish_reason=None, stats=None)
+    return Completion("".join(parts), last.token_count, last.finish_reason, last.stats)
+
+
+def _scalar(value: Any) -> Any:
+    """The single element of a [1, 1] tensor (or a JSON scalar as is); None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray):
+        flat = value.reshape(-1)
+        if flat.size == 0:
+            return None
+        item = flat[0]
+        return item.item() if isinstance(item, np.generic) else item
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
+def _text(value: Any) -> str:
+    # the server sends whole UTF-8 characters; replace rather than fail on anything else
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
