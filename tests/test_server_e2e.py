@@ -1,0 +1,416 @@
+"""End to end: the real tritonserver started by ``specdec-serve``, spoken to through real tritonclient.
+
+One server serves the whole module (start-up loads SmolLM2 once); the test that kills the Python
+stub runs last and checks the supervisor brings the server back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = [pytest.mark.server, pytest.mark.real_model]
+
+BIN = Path(sys.executable).parent
+MAX_TOKENS = 24
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "Water boils at",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    http: str
+    grpc: str
+    metrics: str
+    log: Path
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http}/v2/health/ready", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def metric(self, name: str, **labels: str) -> float:
+        assert self.has_metric(name, **labels), f"metric {name} {labels} not exported"
+        return self.metric_or_zero(name, **labels)
+
+    def has_metric(self, name: str, **labels: str) -> bool:
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        return any(
+            line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items())
+            for line in text.splitlines()
+        )
+
+    def metric_or_zero(self, name: str, **labels: str) -> float:
+        """Sum of the samples of ``name`` whose labels include ``labels`` (0 if none yet)."""
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        total, found = 0.0, False
+        for line in text.splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+        return total if found else 0.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("serve")
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    log = tmp / "server.log"
+    command = [
+        str(BIN / "specdec-serve"),
+        "--model-repository", str(tmp / "repo"),
+        "--http-port", str(http),
+        "--grpc-port", str(grpc),
+        "--metrics-port", str(metrics),
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    srv = Server(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log)
+    deadline = time.monotonic() + 240
+    while not srv.ready():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"specdec-serve did not become ready:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    yield srv
+    process.send_signal(signal.SIGTERM)
+    try:
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def reference(prompts: list[str], k: int, max_tokens: int = MAX_TOKENS) -> list[str]:
+    """What ``specdec-generate`` prints for the same prompts and settings (default config: greedy fp32)."""
+    command = [str(BIN / "specdec-generate"), "--json", "--max-tokens", str(max_tokens)]
+    command += ["--num-draft-tokens", str(k)]
+    for prompt in prompts:
+        command += ["--prompt", prompt]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600).stdout
+    return [json.loads(line)["text"] for line in out.splitlines()]
+
+
+# -- a plain tritonclient gRPC stream, as an existing BLS client would write it --------------------
+def bls_inputs(prompt: str | bytes, **values: object) -> list[grpcclient.InferInput]:
+    tensors: dict[str, np.ndarray] = {
+        "text_input": np.array([[prompt.encode() if isinstance(prompt, str) else prompt]], dtype=object)
+    }
+    for name, value in values.items():
+        if isinstance(value, np.ndarray):
+            tensors[name] = value
+        elif isinstance(value, bool):
+            tensors[name] = np.array([[value]], dtype=bool)
+        elif isinstance(value, float):
+            tensors[name] = np.array([[value]], dtype=np.float32)
+        elif isinstance(value, list):
+            tensors[name] = np.array([[v.encode() for v in value]], dtype=object)
+        else:
+            tensors[name] = np.array([[value]], dtype=np.uint64 if "seed" in name else np.int32)
+    inputs = []
+    for name, array in tensors.items():
+        dtype = {np.dtype(object): "BYTES", np.dtype(bool): "BOOL", np.dtype(np.float32): "FP32"}.get(
+            array.dtype, "UINT64" if array.dtype == np.uint64 else "INT32"
+        )
+        tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+@dataclass
+class StreamResult:
+    text: str = ""
+    responses: int = 0
+    final: dict[str, object] = field(default_factory=dict)
+    error: InferenceServerException | None = None
+
+
+def grpc_stream(
+    server: Server,
+    prompt: str | bytes,
+    timeout_s: float = 120.0,
+    cancel_after: int | None = None,
+    started: threading.Event | None = None,
+    **values: object,
+) -> StreamResult:
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    result = StreamResult()
+    try:
+        client.start_stream(
+            callback=lambda result, error: responses.put((result, error)),
+            stream_timeout=timeout_s,
+        )
+        client.async_stream_infer("specdec", bls_inputs(prompt, **values), enable_empty_final_response=True)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                response, error = responses.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"no response within {timeout_s} s") from None
+            if error is not None:
+                result.error = error  # an error ends the request (it carries no final flag)
+                return result
+            result.responses += 1
+            if started is not None:
+                started.set()
+            text = response.as_numpy("text_output")
+            if text is not None:
+                result.text += text.reshape(-1)[0].decode()
+            if response.get_response().parameters["triton_final_response"].bool_param:
+                for name in ("finish_reason", "draft_tokens", "accepted_tokens", "acceptance_rate"):
+                    value = response.as_numpy(name)
+                    if value is not None:
+                        result.final[name] = value.reshape(-1)[0]
+                return result
+            if cancel_after is not None and result.responses >= cancel_after:
+                client.stop_stream(cancel_requests=True)
+                return result
+    finally:
+        client.close()
+
+
+# -- 1. the served text is exactly specdec-generate's, over gRPC and HTTP -------------------------
+@pytest.mark.parametrize("k", [0, 4])
+def test_grpc_and_http_streams_match_specdec_generate(server: Server, k: int) -> None:
+    from trispec_client.client import SpecDecClient
+
+    expected = reference(PROMPTS, k)
+    for prompt, want in zip(PROMPTS, expected):
+        got = grpc_stream(server, prompt, max_tokens=MAX_TOKENS, num_draft_tokens=k, stream=True)
+        assert got.error is None, got.error
+        assert got.text == want, prompt
+        assert got.responses > 1
+        assert got.final["finish_reason"] in (b"length", b"stop")
+        if k == 0:
+            assert got.final["draft_tokens"] == 0
+    http = SpecDecClient(server.http, protocol="http", timeout_s=120)
+    for prompt, want in zip(PROMPTS, expected):
+        chunks = list(http.stream(prompt, max_tokens=MAX_TOKENS, num_draft_tokens=k))
+        assert "".join(c.text for c in chunks) == want, prompt
+        assert chunks[-1].final
+
+
+def test_one_shot_response_carries_prompt_and_text(server: Server) -> None:
+    want = reference(PROMPTS[:1], 4)[0]
+    got = grpc_stream(server, PROMPTS[0], max_tokens=MAX_TOKENS, stream=False)
+    assert got.responses == 1 and got.text == PROMPTS[0] + want
+    got = grpc_stream(server, PROMPTS[0], max_tokens=MAX_TOKENS, exclude_input_in_output=True)
+    assert got.text == want
+
+
+def test_specdec_client_cli(server: Server) -> None:
+    want = reference(PROMPTS[:1], 4)[0]
+    for protocol, url in (("grpc", server.grpc), ("http", server.http)):
+        command = [str(BIN / "specdec-client"), "generate", PROMPTS[0], "--url", url, "--protocol", protocol]
+        command += ["--max-tokens", str(MAX_TOKENS), "--num-draft-tokens", "4", "--timeout", "120"]
+        run = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.rstrip("\n") == want.rstrip("\n")
+        assert "accept" in run.stderr
+
+
+# -- 2. sixteen staggered streams share verify steps -----------------------------------------------
+def test_sixteen_staggered_streams_batch_in_flight(server: Server) -> None:
+    prompts = [f"Question {i}: what is {i} plus {i}? Answer:" for i in range(16)]
+    expected = reference(prompts, 4)
+    steps_before = server.metric("specdec_verify_steps_total")
+    rounds_before = server.metric("specdec_verify_rounds_total")
+    results: list[StreamResult | None] = [None] * 16
+
+    def run(i: int) -> None:
+        time.sleep(0.15 * i)  # staggered: requests join a batch that is already running
+        results[i] = grpc_stream(server, prompts[i], max_tokens=MAX_TOKENS, num_draft_tokens=4, stream=True)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for i, result in enumerate(results):
+        assert result is not None and result.error is None, (i, result)
+        assert result.text == expected[i], prompts[i]
+    # sequences per verify pass over these 16 requests, from the server's own counters
+    steps = server.metric("specdec_verify_steps_total") - steps_before
+    rounds = server.metric("specdec_verify_rounds_total") - rounds_before
+    assert rounds / steps > 2, (rounds, steps)
+    assert server.metric("specdec_max_verify_batch_size") >= 4
+
+
+# -- 3. cancelling one stream -----------------------------------------------------------------------
+def test_cancel_mid_stream_frees_blocks_and_spares_others(server: Server) -> None:
+    idle_free = server.metric("specdec_kv_blocks_free", pool="target")
+    cancelled_before = server.metric_or_zero("specdec_requests_total", finish_reason="cancelled")
+    expected = reference(PROMPTS[1:2], 4, max_tokens=48)[0]
+    other: list[StreamResult] = []
+    started = threading.Event()
+    thread = threading.Thread(
+        target=lambda: other.append(
+            grpc_stream(server, PROMPTS[1], max_tokens=48, num_draft_tokens=4, stream=True, started=started)
+        )
+    )
+    thread.start()
+    assert started.wait(60)
+    cut = grpc_stream(server, PROMPTS[2], cancel_after=2, max_tokens=1000, num_draft_tokens=4, stream=True)
+    assert cut.error is None and cut.responses == 2
+    deadline = time.monotonic() + 10
+    while server.metric_or_zero("specdec_requests_total", finish_reason="cancelled") <= cancelled_before:
+        assert time.monotonic() < deadline, "the cancelled sequence never left the batch"
+        time.sleep(0.05)
+    thread.join(120)
+    assert other and other[0].error is None and other[0].text == expected
+    deadline = time.monotonic() + 10
+    while server.metric("specdec_kv_blocks_free", pool="target") != idle_free:
+        assert time.monotonic() < deadline, "KV blocks did not return to the pool"
+        time.sleep(0.05)
+    assert server.metric("specdec_running_sequences") == 0
+
+
+# -- 5. bad requests --------------------------------------------------------------------------------
+# (field, text_input, other gRPC tensors, the same request as generate_stream JSON where JSON can say it)
+LONG_PROMPT = "word " * 2500  # longer than the 2048-token context
+BAD_REQUESTS: list[tuple[str, str | bytes, dict[str, object], dict[str, object] | None]] = [
+    ("text_input", "", {}, {"text_input": ""}),
+    ("text_input", b"\xff\xfe", {}, None),
+    ("text_input", LONG_PROMPT, {}, {"text_input": LONG_PROMPT}),
+    ("max_tokens", "hi", {"max_tokens": 0}, {"max_tokens": 0}),
+    ("max_tokens", "hi", {"max_tokens": -5}, {"max_tokens": -5}),
+    ("max_tokens", "hi", {"max_tokens": 1_000_000}, {"max_tokens": 1_000_000}),
+    ("num_draft_tokens", "hi", {"num_draft_tokens": -1}, {"num_draft_tokens": -1}),
+    ("num_draft_tokens", "hi", {"num_draft_tokens": 99}, {"num_draft_tokens": 99}),
+    ("temperature", "hi", {"temperature": -0.5}, {"temperature": -0.5}),
+    ("temperature", "hi", {"temperature": float("nan")}, None),
+    ("top_p", "hi", {"top_p": 1.5}, {"top_p": 1.5}),
+    ("top_p", "hi", {"top_p": 0.0}, {"top_p": 0.0}),
+    ("top_k", "hi", {"top_k": -1}, {"top_k": -1}),
+    ("end_id", "hi", {"end_id": 10_000_000}, {"end_id": 10_000_000}),
+    ("end_id", "hi", {"end_id": -1}, {"end_id": -1}),
+    ("max_tokens", "hi", {"max_tokens": 2048}, {"max_tokens": 2048}),  # 1 prompt token + 2048 > context
+    ("beam_width", "hi", {"beam_width": 2}, {"beam_width": 2}),
+    ("seed", "hi", {"seed": 1, "random_seed": 2}, {"seed": 1, "random_seed": 2}),
+    ("stop_words", "hi", {"stop_words": np.array([[b"\xc3"]], dtype=object)}, None),
+    # refused by Triton's own input checks (then the message names the input, no model involved)
+    ("max_tokens_dtype", "hi", {"max_tokens": np.array([[1.5]], dtype=np.float32)}, None),
+    ("no_such_input", "hi", {"no_such_input": 3}, None),
+]
+
+
+def test_bad_requests_are_refused_naming_the_field(server: Server) -> None:
+    """Every kind over a gRPC stream, whose error must name the field, and, where JSON can say it, over
+    HTTP generate_stream, which must answer 400 naming the field. (A gRPC stream error carries no
+    status code in Triton 2.51 unless the ``triton_grpc_error`` header is sent, and the server
+    crashed on that path, so the code is checked over HTTP.)"""
+    import urllib3
+
+    expected = reference(PROMPTS[3:4], 4, max_tokens=40)[0]
+    good: list[StreamResult] = []
+    thread = threading.Thread(
+        target=lambda: good.append(grpc_stream(server, PROMPTS[3], max_tokens=40, stream=True))
+    )
+    thread.start()
+    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=5, read=30))
+    http_400 = 0
+    for field_name, prompt, values, body in BAD_REQUESTS:
+        result = grpc_stream(server, prompt, timeout_s=30, **values)
+        assert result.error is not None and result.responses == 0, (field_name, values)
+        named = field_name.removesuffix("_dtype")
+        assert named in result.error.message(), (field_name, result.error.message())
+        if body is not None:
+            body = {"text_input": prompt, **body} if isinstance(prompt, str) else body
+            url = f"http://{server.http}/v2/models/specdec/generate_stream"
+            resp = http.request("POST", url, json=body)
+            assert resp.status == 400, (field_name, resp.status, resp.data[:200])
+            assert field_name in resp.data.decode(), (field_name, resp.data[:200])
+            http_400 += 1
+    assert http_400 >= 15
+    thread.join(120)
+    assert good and good[0].error is None and good[0].text == expected
+    assert server.ready()
+
+
+# -- 4. killing the Python stub (last: it restarts the server) ---------------------------------------
+def test_killed_stub_errors_clients_and_supervisor_restarts(server: Server) -> None:
+    from trispec.serving.tritonserver import find_stubs
+
+    want = reference(PROMPTS[:1], 4, max_tokens=8)[0]
+    stubs = find_stubs(server.process.pid)
+    assert stubs, "no Python stub process found under the launcher"
+    started = threading.Event()
+    results: list[StreamResult | BaseException] = []
+
+    def long_stream() -> None:
+        try:
+            # streamed, and ended only by max_tokens (end_id: an id SmolLM2 never emits here)
+            long = {"max_tokens": 1500, "end_id": 49151, "stream": True}
+            results.append(grpc_stream(server, PROMPTS[0], timeout_s=30, started=started, **long))
+        except BaseException as exc:  # a timeout is a failure of the test below, not of the thread
+            results.append(exc)
+
+    thread = threading.Thread(target=long_stream)
+    thread.start()
+    assert started.wait(60)
+    killed_at = time.monotonic()
+    for stub in stubs:
+        os.kill(stub.pid, signal.SIGKILL)
+    thread.join(40)
+    assert results, "the client is still waiting"
+    outcome = results[0]
+    assert isinstance(outcome, StreamResult) and outcome.error is not None, outcome
+    assert time.monotonic() - killed_at < 30
+
+    # back within 30 s of the kill: a new request succeeds
+    last: object = None
+    while time.monotonic() - killed_at < 30:
+        if server.ready():
+            try:
+                got = grpc_stream(server, PROMPTS[0], timeout_s=10, max_tokens=8, stream=True)
+            except TimeoutError as exc:
+                last = exc
+            else:
+                if got.error is None:
+                    assert got.text == want
+                    break
+                last = got.error
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"server not serving again 30 s after the stub was killed: {last}")
+    assert server.process.poll() is None
