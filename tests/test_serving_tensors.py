@@ -124,3 +124,12 @@ def test_core_errors_are_reported_under_the_tensor_name() -> None:
     assert str(as_tensor_error(InvalidInputError("prompt", "too long"))) == "text_input: too long"
     assert as_tensor_error(InvalidInputError("stop", "x")).field == "stop_words"
     assert as_tensor_error(InvalidInputError("top_p", "x")).field == "top_p"
+
+
+def test_readme_lists_exactly_the_ignored_inputs() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    paragraph = readme.split("Accepted and **ignored**", 1)[1].split("No log-prob", 1)[0]
+    listed = {part.strip("` \n,.") for part in paragraph.split("`")[1::2]}
+    assert listed == set(IGNORED_INPUTS)
