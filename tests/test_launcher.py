@@ -91,7 +91,8 @@ def options(repo: Path, tmp_path: Path) -> ServerOptions:
         http_port=http,
         grpc_port=grpc,
         metrics_port=metrics,
-        exit_timeout_s=2,  # below 2 s Triton may exit before it unloaded (code 1 or SIGSEGV)
+        # the default: with less, a busy machine may not unload in time and Triton exits with 1
+        exit_timeout_s=5,
         log_file=tmp_path / "server.log",
     )
 
