@@ -6,6 +6,7 @@ stub runs last and checks the supervisor brings the server back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -307,6 +308,25 @@ def test_cancel_mid_stream_frees_blocks_and_spares_others(server: Server) -> Non
         assert time.monotonic() < deadline, "KV blocks did not return to the pool"
         time.sleep(0.05)
     assert server.metric("specdec_running_sequences") == 0
+
+
+def test_http_client_disconnect_cancels(server: Server) -> None:
+    from trispec_client.client import SpecDecClient
+
+    cancelled_before = server.metric_or_zero("specdec_requests_total", finish_reason="cancelled")
+    idle_free = server.metric("specdec_kv_blocks_free", pool="target")
+    client = SpecDecClient(server.http, protocol="http", timeout_s=60)
+    with contextlib.closing(client.stream(PROMPTS[2], max_tokens=1000, end_id=49151)) as stream:
+        for count, _chunk in enumerate(stream, 1):
+            if count == 2:
+                break  # closing the stream closes the connection
+    deadline = time.monotonic() + 10
+    while server.metric_or_zero("specdec_requests_total", finish_reason="cancelled") <= cancelled_before:
+        assert time.monotonic() < deadline, "a disconnected HTTP client's sequence kept running"
+        time.sleep(0.05)
+    while server.metric("specdec_kv_blocks_free", pool="target") != idle_free:
+        assert time.monotonic() < deadline, "KV blocks did not return to the pool"
+        time.sleep(0.05)
 
 
 # -- 5. bad requests --------------------------------------------------------------------------------
