@@ -6,12 +6,13 @@ since the previous report, gauges are set, and the round latency is observed in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
 from types import ModuleType
 from typing import Any
 
 from trispec.engine.base import KVUsage
 from trispec.serving.loop import RoundReport
+from trispec.stats import EngineStats
 
 ROUND_LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 VERIFY_BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
@@ -61,7 +62,7 @@ class TritonMetrics:
         }
         self._requests: dict[str, Any] = {}
         self._accepted_at: list[Any] = []
-        self._last = _Totals()
+        self._last = EngineStats()  # the totals at the previous report
 
     def _request_counter(self, reason: str) -> Any:
         if reason not in self._requests:
@@ -83,12 +84,19 @@ class TritonMetrics:
         return self._accepted_at[position]
 
     def record(self, report: RoundReport) -> None:
-        totals = _Totals.of(report)
+        totals = copy.deepcopy(report.engine)
         last, self._last = self._last, totals
-        for name in ("generated_tokens", "drafts", "draft_tokens", "accepted_tokens", "verify_rounds"):
+        # counter ← the EngineStats field it follows
+        for counter, name in (
+            (self.generated_tokens, "generated_tokens"),
+            (self.drafts, "drafts"),
+            (self.draft_tokens, "draft_tokens"),
+            (self.accepted_tokens, "accepted_tokens"),
+            (self.verify_rounds, "rounds"),
+        ):
             delta = getattr(totals, name) - getattr(last, name)
             if delta:
-                getattr(self, name).increment(delta)
+                counter.increment(delta)
         new_steps = totals.verify_batches - last.verify_batches
         if new_steps:
             self.verify_steps.increment(new_steps)
@@ -113,31 +121,3 @@ class TritonMetrics:
     def _set_kv(self, pool: str, usage: KVUsage) -> None:
         self._kv[(pool, "used")].set(usage.used_blocks)
         self._kv[(pool, "free")].set(usage.free_blocks)
-
-
-@dataclass
-class _Totals:
-    """A copy of the cumulative figures the counters follow."""
-
-    generated_tokens: int = 0
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    verify_rounds: int = 0
-    verify_batches: int = 0
-    verify_batch_sequences: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, report: RoundReport) -> _Totals:
-        engine = report.engine
-        return cls(
-            generated_tokens=engine.generated_tokens,
-            drafts=engine.drafts,
-            draft_tokens=engine.draft_tokens,
-            accepted_tokens=engine.accepted_tokens,
-            verify_rounds=engine.rounds,
-            verify_batches=engine.verify_batches,
-            verify_batch_sequences=engine.verify_batch_sequences,
-            accepted_per_position=list(engine.accepted_per_position),
-        )

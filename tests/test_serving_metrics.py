@@ -1,0 +1,84 @@
+"""TritonMetrics turns cumulative engine totals into counter increments, gauges and histograms.
+
+``pb_utils`` exists only inside Triton's Python stub, so this feeds it a stand-in MetricFamily that
+keeps the values; the end-to-end tests read the real ones from the metrics port.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import ClassVar
+
+from trispec.engine.base import KVUsage
+from trispec.serving.loop import RoundReport
+from trispec.serving.metrics import TritonMetrics
+from trispec.stats import EngineStats
+
+
+class _Metric:
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.value = 0.0
+        self.observed: list[float] = []
+
+    def increment(self, delta: float) -> None:
+        assert delta > 0, "counters only go up"
+        self.value += delta
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+    def observe(self, value: float) -> None:
+        self.observed.append(value)
+
+
+class _Family:
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    made: ClassVar[dict[str, list[_Metric]]] = {}
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        self.name = name
+        _Family.made.setdefault(name, [])
+
+    def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> _Metric:
+        metric = _Metric(labels)
+        _Family.made[self.name].append(metric)
+        return metric
+
+
+def value(name: str, **labels: str) -> float:
+    return sum(m.value for m in _Family.made[name] if labels.items() <= m.labels.items())
+
+
+def report(engine: EngineStats, finished: list[str], used: int) -> RoundReport:
+    return RoundReport(0.05, 2, 1, KVUsage(100, used, 16), None, engine, finished)
+
+
+def test_counters_follow_the_totals_and_gauges_the_state() -> None:
+    _Family.made = {}
+    metrics = TritonMetrics(types.SimpleNamespace(MetricFamily=_Family), "specdec")  # type: ignore[arg-type]
+    engine = EngineStats()
+    engine.record_round(4, 3)
+    engine.record_verify_batch(1)
+    engine.generated_tokens = 4
+    metrics.record(report(engine, [], used=10))
+    engine.record_round(4, 1)
+    engine.record_round(0, 0)
+    engine.record_verify_batch(2)
+    engine.generated_tokens = 7
+    metrics.record(report(engine, ["length", "cancelled"], used=3))
+
+    assert value("specdec_generated_tokens_total") == 7
+    assert value("specdec_draft_tokens_total") == 8
+    assert value("specdec_accepted_tokens_total") == 4
+    assert value("specdec_drafts_total") == 2  # the k=0 round proposed nothing
+    assert value("specdec_verify_rounds_total") == 3
+    assert value("specdec_verify_steps_total") == 2
+    assert value("specdec_max_verify_batch_size") == 2
+    assert [value("specdec_accepted_per_position_total", position=str(i)) for i in range(3)] == [2, 1, 1]
+    assert value("specdec_requests_total", finish_reason="cancelled") == 1
+    assert value("specdec_kv_blocks_used", pool="target") == 3
+    assert value("specdec_kv_blocks_free", pool="target") == 97
+    assert value("specdec_running_sequences") == 2 and value("specdec_waiting_sequences") == 1
+    (batch,) = _Family.made["specdec_verify_batch_size"]
+    assert batch.observed == [1.0, 2.0]
