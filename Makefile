@@ -21,7 +21,8 @@ lint: $(STAMP)
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+# setup.py and the C source: `pip install -e .` compiles the attention kernel (trispec.engine._paged_attention)
+$(STAMP): pyproject.toml setup.py Makefile python_backend/trispec/engine/csrc/paged_attention.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_PIN)" "numpy<2"

@@ -4,12 +4,12 @@ The forward pass takes the NEW tokens of many sequences packed into one ``[T]`` 
 sequence its own count and start position) and the paged KV cache:
 
 * every linear layer runs once over all ``T`` packed tokens (the big win of batching on CPU);
-* attention runs per *group*: sequences with the same number of new tokens are packed next to each
-  other, so a group's queries are a plain ``view`` ``[B, n, H, D]``; its keys/values are gathered from
-  the cache with one ``index_select`` per layer (indices computed once per forward, shared by all
-  layers) and padded to the group's longest context with an additive mask. A lone sequence whose
-  blocks are consecutive (the usual case) reads its keys as a slice of the cache, no gather; a fresh
-  prefill attends to its own new keys directly;
+* attention (``attention.py``) reads each sequence's keys/values from the paged cache through its
+  block table. On CPU it is our batch-invariant kernel: every row's output depends only on its own
+  query and keys, never on what else is in the batch (see attention.py for why and the fallback);
+* every op outside attention is row-wise (norms, RoPE, SwiGLU, residuals) or a prepacked oneDNN /
+  int8 GEMM whose rows do not depend on the row count, so a token's logits are bit-identical alone,
+  in a batch of 32, or verified together with k drafts;
 * the LM head (the biggest matmul for a 49k vocabulary) runs only on rows whose logits are wanted.
 
 Weights are plain tensors and plain callables (no ``nn.Module`` per layer): at 1-5 tokens a step is
@@ -19,7 +19,6 @@ visible part of a 135M model's step on 2 cores.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -27,6 +26,7 @@ from typing import Any, Literal, Protocol
 import torch
 import torch.nn.functional as F
 
+from trispec.engine.attention import SeqRows, make_attention
 from trispec.engine.kv_cache import KVCache
 from trispec.errors import ConfigError
 
@@ -186,7 +186,7 @@ _NATIVE_BF16 = _has_native_bf16()
 
 
 def _find_onednn_linear() -> Any:
-    """oneDNN's prepacked fp32 linear (what inductor uses on CPU), if it works in this build.
+    """oneDNN's prepacked linear (what inductor uses on CPU), if it works in this build.
 
     Returns the resolved op overload: calling ``torch.ops.mkldnn._linear_pointwise`` by attribute
     costs ~10 us per call in overload resolution, 1 ms per step over 121 matmuls.
@@ -203,18 +203,18 @@ def _find_onednn_linear() -> Any:
 _onednn_linear = _find_onednn_linear()
 
 
-def onednn_linear_available() -> bool:
-    return _onednn_linear is not None
-
-
 class DenseLinear:
-    """``y = x W^T + b``. fp32 weights are prepacked for oneDNN when available.
+    """``y = x W^T + b`` through oneDNN's prepacked kernel.
 
-    Measured on the 2-core AVX2 CPU (SmolLM2-135M, whole step, 2 threads): with MKL (F.linear) a
-    5-token verify step costs ~1.9x a 1-token decode step (MKL's small-M sgemm is compute-bound at
-    ~30 GFLOP/s), with oneDNN's prepacked brgemm ~1.2-1.3x; 1-token decode and prefill are as fast
-    or faster. ``prepack=False`` keeps a plain tensor (F.linear). Packing is fp32-only here: oneDNN's
-    bf16 path needs AVX512/AVX-NE-CONVERT.
+    Why prepacked oneDNN: (1) speed — on the 2-core AVX2 CPU (SmolLM2-135M, 2 threads) a 5-token
+    verify step costs ~1.9x a 1-token decode with MKL (F.linear), ~1.2-1.3x with oneDNN's brgemm;
+    (2) batch invariance — measured on AVX2 and AVX-512, each output row of the prepacked kernel is
+    bit-identical whatever the number of rows (MKL's sgemm is not: 1 row takes a GEMV path).
+    bfloat16 weights are packed as bfloat16 where oneDNN runs it natively (AVX-512 BF16 / AMX /
+    AVX-NE-CONVERT); elsewhere they are widened to float32 once at load and packed (the values are
+    still the bf16-rounded weights; the memory is float32's): torch's own bf16 GEMM there costs ~M
+    times a 1-row GEMV and switching kernels by row count would break the invariance.
+    ``prepack=False`` (or a build without oneDNN) keeps a plain tensor and ``F.linear``.
     """
 
     # Batch-size hint for the packed layout: the verify step (a few tokens) is the one to win.
@@ -223,25 +223,47 @@ class DenseLinear:
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, prepack: bool = True
     ) -> None:
-        self.bias = bias
-        self.out_features = weight.shape[0]
-        self.weight = weight.contiguous()
+        self.out_features, self.in_features = weight.shape
+        self.out_dtype = weight.dtype
+        self.weight: torch.Tensor | None = weight.contiguous()
         self.packed: torch.Tensor | None = None
-        if prepack and weight.dtype == torch.float32 and _onednn_linear is not None:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, self.PACK_HINT)
-            self.weight = None  # type: ignore[assignment]  # the packed copy replaces it
+        self.bias = bias
+        if prepack and _onednn_linear is not None and weight.device.type == "cpu":
+            if weight.dtype == torch.bfloat16 and not _NATIVE_BF16:
+                weight, bias = weight.float(), None if bias is None else bias.float()
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), self.PACK_HINT)
+            self.bias = bias
+            self.weight = None  # the packed copy replaces it
+            self.pad_one_row = not self._one_row_agrees()
 
-    # Rows from which a bf16 matmul is done as fp32 instead: without native bf16 (AVX2 only) the
-    # bf16 GEMM costs ~M times the 1-row GEMV, and up-casting the weight once is cheaper than that.
-    BF16_UPCAST_ROWS = 16
+    # Whether a single row must be computed as two. oneDNN's one-row path can split a long
+    # reduction across threads (on AVX-512, K >= 1536 in SmolLM2 / Qwen2.5 shapes), and the row then
+    # differs in the last bits from the same row among others; every row count >= 2 agrees (measured
+    # up to 600 rows, AVX2 and AVX-512). For float32 this is checked once per layer on a fixed probe:
+    # a different summation order shows in nearly every output (85-95 % of them measured), and
+    # padding only where needed saves ~1 ms per 1-token step. bfloat16 outputs hide most of the
+    # difference in their rounding (1 output in ~7000 differs), so no probe can clear a bf16 layer:
+    # those always pad.
+    pad_one_row = False
+
+    def _one_row_agrees(self) -> bool:
+        assert self.packed is not None
+        if self.packed.dtype != torch.float32:
+            return False
+        generator = torch.Generator().manual_seed(0)
+        probe = torch.randn(2, self.in_features, generator=generator)
+        two = _onednn_linear(probe, self.packed, self.bias, "none", [], "")
+        one = _onednn_linear(probe[:1].contiguous(), self.packed, self.bias, "none", [], "")
+        return torch.equal(one[0], two[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return _onednn_linear(x, self.packed, self.bias, "none", [], "")
-        if x.dtype == torch.bfloat16 and x.shape[0] >= self.BF16_UPCAST_ROWS and not _NATIVE_BF16:
-            bias = None if self.bias is None else self.bias.float()
-            return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
-        return F.linear(x, self.weight, self.bias)
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)  # type: ignore[arg-type]
+        if x.shape[0] == 1 and self.pad_one_row:
+            return self(torch.cat((x, x)))[:1]
+        if self.packed.dtype != x.dtype:  # bf16 widened to fp32 (no native bf16)
+            return _onednn_linear(x.to(self.packed.dtype), self.packed, self.bias, "none", [], "").to(x.dtype)
+        return _onednn_linear(x, self.packed, self.bias, "none", [], "")
 
 
 @dataclass
@@ -259,26 +281,12 @@ class LayerWeights:
 
 
 @dataclass
-class AttnGroup:
-    """Sequences with the same number ``n`` of new tokens, contiguous in the packed batch."""
-
-    t0: int  # first packed row of the group
-    batch: int  # sequences in the group
-    n: int  # new tokens per sequence
-    ctx: int  # longest context (cached + new) in the group; keys are padded to it
-    kv_slots: torch.Tensor | None  # [batch * ctx] cache slots to gather; None: see below
-    kv_range: tuple[int, int] | None  # one sequence in consecutive blocks: slots [a, b), no gather
-    mask: torch.Tensor | None  # [batch, 1, n, ctx] additive (0 / -inf)
-    causal: bool  # plain causal mask (fresh prefill, queries == keys)
-
-
-@dataclass
 class Batch:
-    tokens: torch.Tensor  # [T] packed new tokens (group order)
+    tokens: torch.Tensor  # [T] packed new tokens (sequences grouped by new-token count)
     cos: torch.Tensor  # [T, 1, D]
     sin: torch.Tensor  # [T, 1, D] (sign folded in, see ``apply_rope``)
     slots: torch.Tensor  # [T] cache slot of each new token
-    groups: list[AttnGroup]
+    attn: object  # the attention backend's plan for this batch
     logit_rows: torch.Tensor | slice  # packed rows to run the LM head on
 
 
@@ -332,6 +340,7 @@ class Transformer:
         embed_scales: torch.Tensor | None = None,
         dtype: torch.dtype = torch.float32,
         rope_length: int | None = None,
+        attention: str = "auto",
     ) -> None:
         self.args = args
         self.dtype = dtype
@@ -340,7 +349,14 @@ class Transformer:
         self.layers = layers
         self.norm = norm
         self.lm_head = lm_head
-        self.scale = 1.0 / math.sqrt(args.head_dim)
+        self.attention = make_attention(
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+            device=embed.device,
+            dtype=dtype,
+            backend=attention,
+        )
         cos, sin = rope_tables(args, rope_length or args.max_position_embeddings)
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
 
@@ -352,91 +368,39 @@ class Transformer:
         into the logits that ``forward`` returns.
         """
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens))
-        groups: list[AttnGroup] = []
         tokens: list[int] = []
-        positions: list[torch.Tensor] = []
-        slots: list[torch.Tensor] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        rows: list[SeqRows] = []
         logit_rows: list[int] = []
         logit_span: list[tuple[int, int]] = [(0, 0)] * len(seqs)
-        i = 0
-        while i < len(order):
-            n = len(seqs[order[i]].tokens)
-            j = i
-            while j < len(order) and len(seqs[order[j]].tokens) == n:
-                j += 1
-            members = [seqs[k] for k in order[i:j]]
-            t0 = len(tokens)
-            for k, s in zip(order[i:j], members, strict=True):
-                row0 = len(tokens) + n - s.num_logits
-                logit_span[k] = (len(logit_rows), s.num_logits)
-                logit_rows.extend(range(row0, row0 + s.num_logits))
-                tokens.extend(s.tokens)
-            i = j
-            if n == 0:
-                continue
-            group, pos, new_slots = self._make_group(members, t0, n, block_size, self.dtype)
-            groups.append(group)
-            positions.append(pos)
-            slots.append(new_slots)
-        T = len(tokens)
-        pos_t = torch.cat(positions) if len(positions) != 1 else positions[0]
-        if T == 0:
-            pos_t = torch.zeros(0, dtype=torch.long)
-        rows: torch.Tensor | slice
+        for i in order:
+            s = seqs[i]
+            n, t0 = len(s.tokens), len(tokens)
+            logit_span[i] = (len(logit_rows), s.num_logits)
+            logit_rows.extend(range(t0 + n - s.num_logits, t0 + n))
+            tokens.extend(s.tokens)
+            table = s.block_table
+            for pos in range(s.start, s.start + n):
+                positions.append(pos)
+                slots.append(table[pos // block_size] * block_size + pos % block_size)
+            if n:
+                rows.append(SeqRows(t0, n, s.start, table))
+        lr: torch.Tensor | slice
         if logit_rows and logit_rows == list(range(logit_rows[0], logit_rows[0] + len(logit_rows))):
-            rows = slice(logit_rows[0], logit_rows[0] + len(logit_rows))  # a view, no gather
+            lr = slice(logit_rows[0], logit_rows[0] + len(logit_rows))  # a view, no gather
         else:
-            rows = torch.tensor(logit_rows, dtype=torch.long)
+            lr = torch.tensor(logit_rows, dtype=torch.long)
+        pos_t = torch.tensor(positions, dtype=torch.long)
         batch = Batch(
             tokens=torch.tensor(tokens, dtype=torch.long),
             cos=self.cos[pos_t].unsqueeze(1),
             sin=self.sin[pos_t].unsqueeze(1),
-            slots=torch.cat(slots) if len(slots) != 1 else slots[0],
-            groups=groups,
-            logit_rows=rows,
+            slots=torch.tensor(slots, dtype=torch.long),
+            attn=self.attention.plan(rows, block_size, self.dtype),
+            logit_rows=lr,
         )
         return batch, logit_span
-
-    @staticmethod
-    def _make_group(
-        members: list[SeqSpec], t0: int, n: int, block_size: int, dtype: torch.dtype
-    ) -> tuple[AttnGroup, torch.Tensor, torch.Tensor]:
-        b = len(members)
-        starts = torch.tensor([s.start for s in members], dtype=torch.long)
-        ctx = max(s.start for s in members) + n
-        # Padded block tables [b, max_blocks]; padding points at block 0 (masked out, never written).
-        nblk = -(-ctx // block_size)
-        table = torch.zeros(b, nblk, dtype=torch.long)
-        for r, s in enumerate(members):
-            table[r, : len(s.block_table)] = torch.as_tensor(s.block_table[:nblk], dtype=torch.long)
-        pos = starts[:, None] + torch.arange(n)  # [b, n] absolute positions of the new tokens
-        new_slots = (table.gather(1, pos // block_size) * block_size + pos % block_size).flatten()
-        fresh = all(s.start == 0 for s in members)
-        kv_slots: torch.Tensor | None = None
-        kv_range: tuple[int, int] | None = None
-        if fresh:
-            # Keys are exactly the new tokens: attend to them directly, skip the cache gather.
-            mask, causal = None, n > 1
-        else:
-            bt = members[0].block_table
-            if (
-                b == 1
-                and bt[nblk - 1] - bt[0] == nblk - 1
-                and list(bt[:nblk]) == list(range(bt[0], bt[0] + nblk))
-            ):
-                # Consecutive blocks (common: the free list hands them out in order): a slice view.
-                kv_range = (bt[0] * block_size, bt[0] * block_size + ctx)
-            else:
-                kv_slots = (table[:, :, None] * block_size + torch.arange(block_size)).view(b, -1)[:, :ctx]
-                kv_slots = kv_slots.flatten()
-            if n == 1 and all(s.start + 1 == ctx for s in members):
-                mask = None  # every query sees every key
-            else:
-                allowed = (torch.arange(ctx)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
-                # Additive float mask, built once: SDPA would convert a bool mask in every layer.
-                mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
-            causal = False
-        return AttnGroup(t0, b, n, ctx, kv_slots, kv_range, mask, causal), pos.flatten(), new_slots
 
     # -- forward -------------------------------------------------------------------------------
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -462,40 +426,11 @@ class Transformer:
             # Cache layout [KV, slots, D]: gathered keys are contiguous per head for SDPA.
             kc.index_copy_(1, slots, k.transpose(0, 1))
             vc.index_copy_(1, slots, v.transpose(0, 1))
-            x = x + layer.o(self._attention(batch.groups, q, k, v, kc, vc))
+            x = x + layer.o(self.attention(batch.attn, q, k, v, kc, vc))
             gu = layer.gate_up(rms_norm(x, eps))
             x = x + layer.down(F.silu(gu[:, :inter]) * gu[:, inter:])
         x = rms_norm(x[batch.logit_rows], eps) * self.norm
         return self.lm_head(x).float()
-
-    def _attention(
-        self,
-        groups: list[AttnGroup],
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kc: torch.Tensor,
-        vc: torch.Tensor,
-    ) -> torch.Tensor:
-        H, KV, D = self.args.num_heads, self.args.num_kv_heads, self.args.head_dim
-        outs = []
-        for g in groups:
-            rows = slice(g.t0, g.t0 + g.batch * g.n)
-            qg = q[rows].view(g.batch, g.n, H, D).transpose(1, 2)
-            if g.kv_range is not None:
-                kg = kc[:, g.kv_range[0] : g.kv_range[1]].unsqueeze(0)
-                vg = vc[:, g.kv_range[0] : g.kv_range[1]].unsqueeze(0)
-            elif g.kv_slots is not None:
-                kg = kc.index_select(1, g.kv_slots).view(KV, g.batch, g.ctx, D).transpose(0, 1)
-                vg = vc.index_select(1, g.kv_slots).view(KV, g.batch, g.ctx, D).transpose(0, 1)
-            else:
-                kg = k[rows].view(g.batch, g.n, KV, D).transpose(1, 2)
-                vg = v[rows].view(g.batch, g.n, KV, D).transpose(1, 2)
-            o = F.scaled_dot_product_attention(
-                qg, kg, vg, attn_mask=g.mask, is_causal=g.causal, scale=self.scale, enable_gqa=KV != H
-            )
-            outs.append(o.transpose(1, 2).reshape(g.batch * g.n, H * D))
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -511,6 +446,7 @@ def build_transformer(
     dtype: torch.dtype = torch.float32,
     weight_quant: str | None = None,
     rope_length: int | None = None,
+    attention: str = "auto",
 ) -> Transformer:
     """Fuse a HF-named state dict (``model.layers.N.self_attn.q_proj.weight`` ...) into our layout.
 
@@ -573,6 +509,7 @@ def build_transformer(
         embed_scales=embed_scales,
         dtype=dtype,
         rope_length=rope_length,
+        attention=attention,
     )
 
 

@@ -92,6 +92,7 @@ class TorchEngine:
         num_blocks: int | None = None,
         block_size: int = 16,
         max_context: int | None = None,
+        attention: str = "auto",
     ) -> TorchEngine:
         """From a HF-named state dict (``model.embed_tokens.weight``, ``model.layers.0...``).
 
@@ -100,11 +101,17 @@ class TorchEngine:
         ``weight_quant="int8"``: weight-only int8, per-output-channel scales (the self-draft).
         KV pool: ``num_blocks`` blocks of ``block_size`` tokens, else as many as fit ``kv_cache_mb``.
         ``max_context`` defaults to min(max_position_embeddings, pool capacity in tokens).
+        ``attention``: "auto" (the batch-invariant kernel where it runs, else SDPA), "paged", "sdpa".
         """
         dt = resolve_dtype(dtype, weight_quant)
         rope_length = max(args.max_position_embeddings, max_context or 0)
         model = build_transformer(
-            args, state_dict, dtype=dt, weight_quant=weight_quant, rope_length=rope_length
+            args,
+            state_dict,
+            dtype=dt,
+            weight_quant=weight_quant,
+            rope_length=rope_length,
+            attention=attention,
         )
         return cls(
             model,
