@@ -131,3 +131,43 @@ def test_smollm2_greedy_exact(
         assert scheduler.stats.acceptance_rate > 0.7
         assert scheduler.stats.accepted_per_position[7] > 0
     assert target.kv_usage().used_blocks == 0
+
+
+def test_smollm2_seeded_sampling_same_alone_and_among_seven_others(
+    target: TorchEngine, drafters: dict[str, object], tokenizer: Tokenizer, prompt_ids: list[list[int]]
+) -> None:
+    """T = 0.8 with a fixed seed: the same tokens whatever else is in the batch (and whatever k
+    the others use), through the int8 self-draft and the bf16 model draft."""
+
+    def run(drafter_name: str, indices: list[int]) -> list[list[int]]:
+        scheduler = Scheduler(
+            LogitsVerifier(target),
+            drafters[drafter_name],  # type: ignore[arg-type]
+            SchedulerConfig(max_context=512),
+            encode=tokenizer.encode,
+            make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
+            eos_ids=frozenset(),
+        )
+        ids = [
+            scheduler.add_request(
+                GenerationRequest(
+                    prompt_token_ids=prompt_ids[i],
+                    max_tokens=40,
+                    num_draft_tokens=4 if i == indices[0] else i % 9,
+                    temperature=0.8,
+                    seed=100 + i,
+                )
+            )
+            for i in indices
+        ]
+        tokens: dict[int, list[int]] = {rid: [] for rid in ids}
+        while scheduler.has_work():
+            for out in scheduler.step():
+                tokens[out.request_id].extend(out.new_token_ids)
+        return [tokens[rid] for rid in ids]
+
+    for drafter_name in ("self-int8", "model-bf16"):
+        together = run(drafter_name, [3, 0, 1, 2, 4, 5, 6, 7])
+        alone = run(drafter_name, [3])
+        assert together[0] == alone[0], drafter_name
+        assert len(together[0]) == 40

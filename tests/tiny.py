@@ -77,6 +77,8 @@ def tiny_scheduler(
     **config: object,
 ) -> Scheduler:
     tokenizer = tokenizer or byte_tokenizer()
+    # adaptive speculation chooses by measured time: tests pin it off unless they are about it
+    config.setdefault("adaptive_speculation", False)
     return Scheduler(
         LogitsVerifier(target),
         drafter,
