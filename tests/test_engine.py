@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny import tiny_args
+from trispec.engine.args import ModelArgs
 from trispec.engine.base import Engine, ForwardInput
-from trispec.engine.model import ModelArgs
 from trispec.engine.torch_engine import TorchEngine
 from trispec.errors import CapacityError, ConfigError
 

@@ -13,8 +13,8 @@ from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import Drafter
 from trispec.drafters.model_drafter import ModelDrafter
+from trispec.engine.args import ModelArgs
 from trispec.engine.base import ForwardInput
-from trispec.engine.model import ModelArgs
 from trispec.engine.torch_engine import TorchEngine
 from trispec.scheduler import RequestOutput, Scheduler
 from trispec.tokenizer import Tokenizer

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import gguf
 from trispec.config import ModelConfig, load_config
-from trispec.engine.model import ModelArgs
+from trispec.engine.args import ModelArgs
 from trispec.errors import ConfigError, InvalidInputError
 from trispec.llm import cache_dir, load_tokenizer
 

@@ -19,7 +19,7 @@ from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import Drafter
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.ngram import NgramDrafter
-from trispec.engine.model import ModelArgs
+from trispec.engine.args import ModelArgs
 from trispec.engine.torch_engine import TorchEngine
 from trispec.engine.weights import StateDict, load_checkpoint
 from trispec.errors import ConfigError

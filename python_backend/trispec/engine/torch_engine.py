@@ -13,9 +13,11 @@ from typing import Any
 
 import torch
 
+from trispec.engine.args import ModelArgs
 from trispec.engine.base import ForwardInput, KVUsage
+from trispec.engine.batch import SeqSpec
 from trispec.engine.kv_cache import BlockManager, KVCache
-from trispec.engine.model import ModelArgs, SeqSpec, Transformer, build_transformer, random_state_dict
+from trispec.engine.model import Transformer, build_transformer, random_state_dict
 from trispec.errors import ConfigError, InvalidInputError
 
 _DTYPES = {

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trispec.engine.model import ModelArgs
+from trispec.engine.args import ModelArgs
 from trispec.errors import ConfigError
 
 StateDict = dict[str, torch.Tensor]

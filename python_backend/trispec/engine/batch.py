@@ -1,0 +1,83 @@
+"""The packed ragged batch: the new tokens of many sequences in one ``[T]`` vector, and what every
+layer of one forward needs (positions for RoPE, cache slots to write, the attention plan, which rows
+get logits). Computed once per forward and shared by all layers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from trispec.engine.attention import Attention, SeqRows
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # [T] packed new tokens (sequences grouped by new-token count)
+    cos: torch.Tensor  # [T, 1, D]
+    sin: torch.Tensor  # [T, 1, D] (sign folded in, see ``apply_rope``)
+    slots: torch.Tensor  # [T] cache slot of each new token
+    attn: object  # the attention backend's plan for this batch
+    logit_rows: torch.Tensor | slice  # packed rows to run the LM head on
+
+
+@dataclass(frozen=True)
+class SeqSpec:
+    """One sequence of a forward: ``n`` new tokens appended at ``start`` (its cached length)."""
+
+    tokens: Sequence[int]
+    start: int
+    block_table: Sequence[int]
+    num_logits: int
+
+
+def pack(
+    seqs: Sequence[SeqSpec],
+    block_size: int,
+    *,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    attention: Attention,
+    dtype: torch.dtype,
+) -> tuple[Batch, list[tuple[int, int]]]:
+    """Pack ``seqs`` (grouped by new-token count: equal counts are neighbours) with the model's RoPE
+    tables ``cos``/``sin`` and its attention backend.
+
+    Returns the batch and, for each input sequence in order, ``(first_logit_row, num_logits)`` into
+    the logits that the forward returns.
+    """
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens))
+    tokens: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    rows: list[SeqRows] = []
+    logit_rows: list[int] = []
+    logit_span: list[tuple[int, int]] = [(0, 0)] * len(seqs)
+    for i in order:
+        s = seqs[i]
+        n, t0 = len(s.tokens), len(tokens)
+        logit_span[i] = (len(logit_rows), s.num_logits)
+        logit_rows.extend(range(t0 + n - s.num_logits, t0 + n))
+        tokens.extend(s.tokens)
+        table = s.block_table
+        for pos in range(s.start, s.start + n):
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        if n:
+            rows.append(SeqRows(t0, n, s.start, table))
+    lr: torch.Tensor | slice
+    if logit_rows and logit_rows == list(range(logit_rows[0], logit_rows[0] + len(logit_rows))):
+        lr = slice(logit_rows[0], logit_rows[0] + len(logit_rows))  # a view, no gather
+    else:
+        lr = torch.tensor(logit_rows, dtype=torch.long)
+    pos_t = torch.tensor(positions, dtype=torch.long)
+    batch = Batch(
+        tokens=torch.tensor(tokens, dtype=torch.long),
+        cos=cos[pos_t].unsqueeze(1),
+        sin=sin[pos_t].unsqueeze(1),
+        slots=torch.tensor(slots, dtype=torch.long),
+        attn=attention.plan(rows, block_size, dtype),
+        logit_rows=lr,
+    )
+    return batch, logit_span
