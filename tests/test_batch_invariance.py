@@ -3,7 +3,7 @@
 Alone or with up to 31 other sequences of any length, verified together with any number of drafts,
 its prompt prefilled in any chunks: the same bits, for float32, bfloat16 and int8 weights, on the
 tiny test shape and on a SmolLM2-wide shape whose long reductions (K = 1536) are where oneDNN's
-one-row path splits work across threads. On top of that, through the scheduler: greedy speculation
+one-row path splits work across threads. On top of that, through the llm: greedy speculation
 equals target-only decoding and a seeded sampled request gives the same tokens alone and batched.
 
 ``test_isa_forced.py`` runs this file again with torch's, oneDNN's and our kernel's AVX2 code
@@ -18,7 +18,15 @@ import random
 
 import pytest
 import torch
-from tiny import model_drafter, run_to_completion, tiny_args, tiny_engine, tiny_scheduler, tokens_of
+from tiny import (
+    model_drafter,
+    reference_greedy,
+    run_to_completion,
+    spec_engine,
+    tiny_args,
+    tiny_engine,
+    tokens_of,
+)
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.ngram import NgramDrafter
 from trispec.engine import attention
@@ -44,7 +52,7 @@ def engine(shape: str, variant: str) -> TorchEngine:
 
 def test_forced_isa_took_effect() -> None:
     """In the forced-AVX2 run (test_isa_forced.py) torch and our kernel really run their AVX2 code."""
-    expected = os.environ.get("TRISPEC_EXPECT_CPU_CAPABILITY")
+    expected = os.environ.get("SPECDEC_EXPECT_CPU_CAPABILITY")
     if expected is None:
         pytest.skip("only meaningful in the forced-ISA run")
     assert torch.backends.cpu.get_cpu_capability() == expected
@@ -136,22 +144,10 @@ def test_the_check_can_fail() -> None:
     assert any(not torch.equal(b, alone) for b in batched)
 
 
-# -- through the scheduler ---------------------------------------------------------------------------
+# -- through the llm ---------------------------------------------------------------------------
 def prompts(n: int, seed: int = 3) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(256) for _ in range(rng.randrange(3, 40))] for _ in range(n)]
-
-
-def reference_greedy(prompt: list[int], max_tokens: int) -> list[int]:
-    """Target-only greedy decoding, one token per forward, on a fresh engine."""
-    target = tiny_engine(0)
-    target.add_sequence(0, len(prompt) + max_tokens)
-    logits = target.forward([ForwardInput(0, prompt, 1)])[0]
-    out: list[int] = []
-    for _ in range(max_tokens):
-        out.append(int(torch.argmax(logits[-1])))
-        logits = target.forward([ForwardInput(0, out[-1:], 1)])[0]
-    return out
 
 
 DRAFTERS = {
@@ -167,26 +163,26 @@ def test_greedy_speculation_equals_target_only(k: int) -> None:
     batch = prompts(12)
     expected = [reference_greedy(p, 32) for p in batch]
     for name, make in DRAFTERS.items():
-        scheduler = tiny_scheduler(tiny_engine(0), make())
+        llm = spec_engine(tiny_engine(0), make())
         ids = [
-            scheduler.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=32, num_draft_tokens=k))
+            llm.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=32, num_draft_tokens=k))
             for p in batch
         ]
-        outputs = run_to_completion(scheduler)
+        outputs = run_to_completion(llm)
         assert [tokens_of(outputs[i]) for i in ids] == expected, name
 
 
 def seeded_run(make_drafter, batch: list[list[int]], ks: list[int], seed0: int = 11) -> list[list[int]]:
-    scheduler = tiny_scheduler(tiny_engine(0), make_drafter())
+    llm = spec_engine(tiny_engine(0), make_drafter())
     ids = [
-        scheduler.add_request(
+        llm.add_request(
             GenerationRequest(
                 prompt_token_ids=p, max_tokens=32, num_draft_tokens=k, temperature=0.8, seed=seed0 + i
             )
         )
         for i, (p, k) in enumerate(zip(batch, ks))
     ]
-    outputs = run_to_completion(scheduler)
+    outputs = run_to_completion(llm)
     return [tokens_of(outputs[i]) for i in ids]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tiny import FaultyEngine, model_drafter, run_to_completion, tiny_engine, tiny_scheduler, tokens_of
+from tiny import FaultyEngine, model_drafter, run_to_completion, spec_engine, tiny_engine, tokens_of
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.engine.torch_engine import TorchEngine
 from trispec.request import GenerationRequest
@@ -21,16 +21,16 @@ def _run(poisoned: set[int], where: str, k: int) -> tuple[dict, TorchEngine, Tor
     target, draft_engine = tiny_engine(0), tiny_engine(1)
     faulty_target = FaultyEngine(target, poisoned if where == "target" else set())
     faulty_draft = FaultyEngine(draft_engine, poisoned if where == "drafter" else set())
-    sched = tiny_scheduler(
+    llm = spec_engine(
         faulty_target,  # type: ignore[arg-type]
         ModelDrafter(faulty_draft),  # type: ignore[arg-type]
         max_prefill_tokens_per_step=24,
         adaptive_speculation=False,
     )
-    ids = [sched.add_request(GenerationRequest(prompt=p, max_tokens=24, num_draft_tokens=k)) for p in PROMPTS]
+    ids = [llm.add_request(GenerationRequest(prompt=p, max_tokens=24, num_draft_tokens=k)) for p in PROMPTS]
     assert ids == list(range(len(PROMPTS)))
     faulty = faulty_target if where == "target" else faulty_draft
-    return run_to_completion(sched), target, draft_engine, faulty
+    return run_to_completion(llm), target, draft_engine, faulty
 
 
 @pytest.mark.parametrize("where", ["target", "drafter"])
@@ -56,12 +56,12 @@ def test_one_failing_sequence_fails_alone(where: str, poisoned_id: int) -> None:
 def test_requests_after_a_failure_are_served() -> None:
     target = tiny_engine(0)
     faulty = FaultyEngine(target, {0})
-    sched = tiny_scheduler(faulty, model_drafter(1))  # type: ignore[arg-type]
-    sched.add_request(GenerationRequest(prompt="doomed", max_tokens=8))
-    first = run_to_completion(sched)
+    llm = spec_engine(faulty, model_drafter(1))  # type: ignore[arg-type]
+    llm.add_request(GenerationRequest(prompt="doomed", max_tokens=8))
+    first = run_to_completion(llm)
     assert first[0][-1].finish_reason is FinishReason.ERROR
-    later = sched.add_request(GenerationRequest(prompt="fine", max_tokens=8))
-    second = run_to_completion(sched)
+    later = llm.add_request(GenerationRequest(prompt="fine", max_tokens=8))
+    second = run_to_completion(llm)
     assert second[later][-1].finish_reason is FinishReason.LENGTH
     assert len(tokens_of(second[later])) == 8
     assert target.kv_usage().used_blocks == 0

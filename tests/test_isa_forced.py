@@ -20,13 +20,13 @@ HERE = Path(__file__).parent
 FILES = ["test_batch_invariance.py", "test_speculative_tiny.py"]
 
 
-@pytest.mark.skipif("TRISPEC_EXPECT_CPU_CAPABILITY" in os.environ, reason="already the forced run")
+@pytest.mark.skipif("SPECDEC_EXPECT_CPU_CAPABILITY" in os.environ, reason="already the forced run")
 def test_invariance_suite_passes_with_avx2_kernels() -> None:
     env = {
         **os.environ,
         "ATEN_CPU_CAPABILITY": "avx2",
         "ONEDNN_MAX_CPU_ISA": "AVX2",
-        "TRISPEC_EXPECT_CPU_CAPABILITY": "AVX2",
+        "SPECDEC_EXPECT_CPU_CAPABILITY": "AVX2",
     }
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FILES]
     run = subprocess.run(command, cwd=HERE, env=env, capture_output=True, text=True, timeout=900)

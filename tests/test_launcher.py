@@ -28,6 +28,7 @@ from trispec.serving import launcher
 from trispec.serving.supervisor import Supervisor, SupervisorPolicy, retry_delay_s
 from trispec.serving.tritonserver import (
     SHM_DIR,
+    SHM_PREFIX_ROOT,
     ServerOptions,
     StubProcess,
     TritonInstallation,
@@ -151,7 +152,7 @@ def test_shm_prefixes_are_unique_and_stale_ones_are_removed() -> None:
     assert shm_prefix() != shm_prefix()
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale = SHM_DIR / f"trispec_{dead.pid}_0_test"
+    stale = SHM_DIR / f"{SHM_PREFIX_ROOT}{dead.pid}_0_test"
     mine = SHM_DIR / f"{shm_prefix()}test"
     stale.write_bytes(b"x")
     mine.write_bytes(b"x")
@@ -434,7 +435,7 @@ def test_cli_serves_until_sigterm_then_cleans_up(repo: Path, tmp_path: Path) -> 
         assert f"HTTP http://127.0.0.1:{http}" in stdout.read_text()
         stubs = find_stubs(process.pid)  # descendants of the launcher
         assert len(stubs) == 2
-        assert shm_files(f"trispec_{process.pid}_")
+        assert shm_files(f"{SHM_PREFIX_ROOT}{process.pid}_")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0, stdout.read_text()
     finally:
@@ -442,5 +443,5 @@ def test_cli_serves_until_sigterm_then_cleans_up(repo: Path, tmp_path: Path) -> 
             process.kill()
             process.wait()
     assert "specdec-serve: stopped" in stdout.read_text()
-    assert shm_files(f"trispec_{process.pid}_") == []
+    assert shm_files(f"{SHM_PREFIX_ROOT}{process.pid}_") == []
     assert not any(s.is_alive() for s in stubs)

@@ -1,18 +1,18 @@
-"""Request lifecycle through the scheduler: bad input, end ids, stop strings, max_tokens, cancel."""
+"""Request lifecycle through the llm: bad input, end ids, stop strings, max_tokens, cancel."""
 
 from __future__ import annotations
 
 import pytest
-from tiny import ascii_tokenizer, model_drafter, run_to_completion, tiny_engine, tiny_scheduler, tokens_of
+from tiny import ascii_tokenizer, model_drafter, run_to_completion, spec_engine, tiny_engine, tokens_of
 from trispec.errors import InvalidInputError
+from trispec.llm import Scheduler
 from trispec.request import GenerationRequest
-from trispec.scheduler import Scheduler
 from trispec.sequence import FinishReason
 
 
 @pytest.fixture
-def scheduler() -> Scheduler:
-    return tiny_scheduler(tiny_engine(0, num_blocks=64), model_drafter(5), ascii_tokenizer(), max_context=256)
+def llm() -> Scheduler:
+    return spec_engine(tiny_engine(0, num_blocks=64), model_drafter(5), ascii_tokenizer(), max_context=256)
 
 
 BAD_REQUESTS = [
@@ -37,37 +37,33 @@ BAD_REQUESTS = [
 
 
 @pytest.mark.parametrize(("fields", "field"), BAD_REQUESTS)
-def test_bad_request_names_the_field_and_spares_the_batch(
-    scheduler: Scheduler, fields: dict, field: str
-) -> None:
-    good = scheduler.add_request(GenerationRequest(prompt="abc", max_tokens=12, num_draft_tokens=3))
-    first = scheduler.step()
+def test_bad_request_names_the_field_and_spares_the_batch(llm: Scheduler, fields: dict, field: str) -> None:
+    good = llm.add_request(GenerationRequest(prompt="abc", max_tokens=12, num_draft_tokens=3))
+    first = llm.step()
     with pytest.raises(InvalidInputError) as info:
-        scheduler.add_request(GenerationRequest(**fields))
+        llm.add_request(GenerationRequest(**fields))
     assert info.value.field == field
-    outputs = run_to_completion(scheduler)
+    outputs = run_to_completion(llm)
     assert len(tokens_of([*first, *outputs[good]])) == 12
     assert set(outputs) == {good}  # the bad request never entered the batch
 
 
-def test_end_id_finishes_and_is_not_in_text(scheduler: Scheduler) -> None:
-    rid = scheduler.add_request(GenerationRequest(prompt="abcd", max_tokens=30, num_draft_tokens=4))
-    free_run = tokens_of(run_to_completion(scheduler)[rid])
+def test_end_id_finishes_and_is_not_in_text(llm: Scheduler) -> None:
+    rid = llm.add_request(GenerationRequest(prompt="abcd", max_tokens=30, num_draft_tokens=4))
+    free_run = tokens_of(run_to_completion(llm)[rid])
     end_id = free_run[5]
     first = free_run.index(end_id)
-    rid = scheduler.add_request(
-        GenerationRequest(prompt="abcd", max_tokens=30, num_draft_tokens=4, end_id=end_id)
-    )
-    outputs = run_to_completion(scheduler)[rid]
+    rid = llm.add_request(GenerationRequest(prompt="abcd", max_tokens=30, num_draft_tokens=4, end_id=end_id))
+    outputs = run_to_completion(llm)[rid]
     assert tokens_of(outputs) == free_run[: first + 1]
     assert outputs[-1].finish_reason is FinishReason.STOP
     text = "".join(o.new_text for o in outputs)
     assert text == ascii_tokenizer().decode(free_run[:first])
 
 
-def test_stop_string_across_tokens_emits_nothing_past_it(scheduler: Scheduler) -> None:
-    rid = scheduler.add_request(GenerationRequest(prompt="hello", max_tokens=40, num_draft_tokens=6))
-    outputs = run_to_completion(scheduler)[rid]
+def test_stop_string_across_tokens_emits_nothing_past_it(llm: Scheduler) -> None:
+    rid = llm.add_request(GenerationRequest(prompt="hello", max_tokens=40, num_draft_tokens=6))
+    outputs = run_to_completion(llm)[rid]
     full_ids = tokens_of(outputs)
     full_text = "".join(o.new_text for o in outputs)
     assert full_text == ascii_tokenizer().decode(full_ids)
@@ -75,10 +71,8 @@ def test_stop_string_across_tokens_emits_nothing_past_it(scheduler: Scheduler) -
     stop = full_text[10:13]
     assert len(stop) == 3
     cut = full_text.index(stop)
-    rid = scheduler.add_request(
-        GenerationRequest(prompt="hello", max_tokens=40, num_draft_tokens=6, stop=[stop])
-    )
-    outputs = run_to_completion(scheduler)[rid]
+    rid = llm.add_request(GenerationRequest(prompt="hello", max_tokens=40, num_draft_tokens=6, stop=[stop]))
+    outputs = run_to_completion(llm)[rid]
     assert "".join(o.new_text for o in outputs) == full_text[:cut]
     kept = tokens_of(outputs)
     # tokens end with the one that completed the stop string, none after it
@@ -87,45 +81,45 @@ def test_stop_string_across_tokens_emits_nothing_past_it(scheduler: Scheduler) -
     assert outputs[-1].finish_reason is FinishReason.STOP
 
 
-def test_max_tokens_is_exact_for_every_k(scheduler: Scheduler) -> None:
+def test_max_tokens_is_exact_for_every_k(llm: Scheduler) -> None:
     ids = {
-        k: scheduler.add_request(GenerationRequest(prompt="xyz", max_tokens=7, num_draft_tokens=k))
+        k: llm.add_request(GenerationRequest(prompt="xyz", max_tokens=7, num_draft_tokens=k))
         for k in range(9)
     }
-    outputs = run_to_completion(scheduler)
+    outputs = run_to_completion(llm)
     for rid in ids.values():
         assert len(tokens_of(outputs[rid])) == 7
         assert outputs[rid][-1].finish_reason is FinishReason.LENGTH
     assert len({tuple(tokens_of(outputs[rid])) for rid in ids.values()}) == 1
 
 
-def test_cancel_frees_kv_and_spares_others(scheduler: Scheduler) -> None:
-    target = scheduler.verifier.engine  # type: ignore[attr-defined]
+def test_cancel_frees_kv_and_spares_others(llm: Scheduler) -> None:
+    target = llm.runner.target  # type: ignore[attr-defined]
     requests = {
         name: GenerationRequest(prompt=name, max_tokens=30, num_draft_tokens=2)
         for name in ("keep", "now", "later")
     }
     alone = {}
     for name, request in requests.items():
-        rid = scheduler.add_request(request)
-        alone[name] = tokens_of(run_to_completion(scheduler)[rid])
-    ids = {name: scheduler.add_request(request) for name, request in requests.items()}
+        rid = llm.add_request(request)
+        alone[name] = tokens_of(run_to_completion(llm)[rid])
+    ids = {name: llm.add_request(request) for name, request in requests.items()}
     outputs: dict[int, list] = {}
 
     def step() -> None:
-        for out in scheduler.step():
+        for out in llm.step():
             outputs.setdefault(out.request_id, []).append(out)
 
     step()
     step()
-    scheduler.cancel(ids["now"])
+    llm.cancel(ids["now"])
     step()
     assert outputs[ids["now"]][-1].finish_reason is FinishReason.CANCELLED
     step()
-    scheduler.cancel(ids["later"])
+    llm.cancel(ids["later"])
     step()
     assert outputs[ids["later"]][-1].finish_reason is FinishReason.CANCELLED
-    for rid, outs in run_to_completion(scheduler).items():
+    for rid, outs in run_to_completion(llm).items():
         outputs.setdefault(rid, []).extend(outs)
     # nothing arrives after the final (cancelled) response, and what did arrive was correct
     for name in ("now", "later"):
@@ -134,17 +128,17 @@ def test_cancel_frees_kv_and_spares_others(scheduler: Scheduler) -> None:
         assert tokens_of(outs) == alone[name][: len(tokens_of(outs))]
     assert tokens_of(outputs[ids["keep"]]) == alone["keep"]
     assert target.kv_usage().used_blocks == 0
-    assert scheduler.drafter.engine.kv_usage().used_blocks == 0  # type: ignore[union-attr]
+    assert llm.runner.drafter.engine.kv_usage().used_blocks == 0  # type: ignore[union-attr]
 
 
 def test_admission_waits_for_kv_room() -> None:
     # room for about two sequences at a time: the rest wait, then all finish
-    scheduler = tiny_scheduler(tiny_engine(0, num_blocks=12, block_size=8), None, max_context=48)
-    ids = [scheduler.add_request(GenerationRequest(prompt="abcdefgh", max_tokens=30)) for _ in range(5)]
-    first = scheduler.step()
-    assert 0 < len(scheduler.running) < 5
-    assert len(scheduler.waiting) == 5 - len(scheduler.running)
-    outputs = run_to_completion(scheduler)
+    llm = spec_engine(tiny_engine(0, num_blocks=12, block_size=8), None, max_context=48)
+    ids = [llm.add_request(GenerationRequest(prompt="abcdefgh", max_tokens=30)) for _ in range(5)]
+    first = llm.step()
+    assert 0 < llm.num_running < 5
+    assert llm.num_waiting == 5 - llm.num_running
+    outputs = run_to_completion(llm)
     for out in first:
         outputs[out.request_id].insert(0, out)
     assert all(len(tokens_of(outputs[i])) == 30 for i in ids)

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from tiny import FaultyEngine, model_drafter, run_to_completion, tiny_engine, tiny_scheduler
+from tiny import FaultyEngine, model_drafter, run_to_completion, spec_engine, tiny_engine
 from trispec.request import GenerationRequest
 from trispec.serving.loop import RoundReport, ServingLoop
 from trispec.serving.tensors import ParsedRequest
@@ -56,9 +56,9 @@ class RecordingMetrics:
 
 
 def offline_texts(prompts: list[str], **kw: object) -> list[str]:
-    sched = tiny_scheduler(tiny_engine(0), model_drafter(1))
-    ids = [sched.add_request(GenerationRequest(prompt=p, **kw)) for p in prompts]  # type: ignore[arg-type]
-    outputs = run_to_completion(sched)
+    llm = spec_engine(tiny_engine(0), model_drafter(1))
+    ids = [llm.add_request(GenerationRequest(prompt=p, **kw)) for p in prompts]  # type: ignore[arg-type]
+    outputs = run_to_completion(llm)
     return ["".join(o.new_text for o in outputs[i]) for i in ids]
 
 
@@ -66,7 +66,7 @@ def offline_texts(prompts: list[str], **kw: object) -> list[str]:
 def served():
     target, draft = tiny_engine(0), model_drafter(1)
     metrics = RecordingMetrics()
-    loop = ServingLoop(tiny_scheduler(target, draft), metrics)
+    loop = ServingLoop(spec_engine(target, draft), metrics)
     loop.start()
     yield loop, target, draft, metrics
     loop.stop()
@@ -126,12 +126,12 @@ def test_cancelled_request_ends_within_a_round_and_frees_its_blocks(served) -> N
     while loop.num_live() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert target.kv_usage().used_blocks == 0
-    assert metrics.reports[-1].target_kv.used_blocks == 0
+    assert metrics.reports[-1].kv["target"].used_blocks == 0
 
 
 def test_engine_failure_fails_that_request_only() -> None:
     target = tiny_engine(0)
-    loop = ServingLoop(tiny_scheduler(FaultyEngine(target, {1}), model_drafter(1)))  # type: ignore[arg-type]
+    loop = ServingLoop(spec_engine(FaultyEngine(target, {1}), model_drafter(1)))  # type: ignore[arg-type]
     loop.start()
     try:
         sinks = [RecordingSink() for _ in range(3)]
@@ -147,7 +147,7 @@ def test_engine_failure_fails_that_request_only() -> None:
 
 
 def test_stop_ends_live_requests_with_an_error() -> None:
-    loop = ServingLoop(tiny_scheduler(tiny_engine(0), model_drafter(1)))
+    loop = ServingLoop(spec_engine(tiny_engine(0), model_drafter(1)))
     loop.start()
     sink = RecordingSink()
     submit(loop, "long", sink, max_tokens=500)

@@ -51,7 +51,7 @@ def value(name: str, **labels: str) -> float:
 
 
 def report(engine: EngineStats, finished: list[str], used: int) -> RoundReport:
-    return RoundReport(0.05, 2, 1, KVUsage(100, used, 16), None, engine, finished)
+    return RoundReport(0.05, 2, 1, {"target": KVUsage(100, used, 16)}, engine, finished)
 
 
 def test_counters_follow_the_totals_and_gauges_the_state() -> None:

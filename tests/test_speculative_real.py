@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trispec.checkpoints import smollm2_gguf
+from trispec.checkpoints import cache_dir, smollm2_gguf
 from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.ngram import NgramDrafter
 from trispec.engine.base import ForwardInput
+from trispec.engine.gguf_tokenizer import load_tokenizer_for_gguf
 from trispec.engine.torch_engine import TorchEngine
-from trispec.llm import cache_dir
+from trispec.llm_engine import LLMEngine
 from trispec.request import GenerationRequest
+from trispec.runners.torch_runner import TorchSpecRunner
 from trispec.scheduler import Scheduler
-from trispec.tokenizer import Tokenizer, load_tokenizer_for_gguf
-from trispec.verifier import LogitsVerifier
+from trispec.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.real_model
 
@@ -78,6 +79,20 @@ def reference(target: TorchEngine, prompt_ids: list[list[int]]) -> list[list[int
     return outputs
 
 
+def smollm2_engine(
+    target: TorchEngine, drafter: object, tokenizer: Tokenizer, config: SchedulerConfig
+) -> LLMEngine:
+    runner = TorchSpecRunner(target, drafter)  # type: ignore[arg-type]
+    scheduler = Scheduler(
+        runner,
+        config,
+        encode=tokenizer.encode,
+        make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
+        eos_ids=frozenset(),  # run every token even past an end-of-turn token
+    )
+    return LLMEngine(scheduler, runner)
+
+
 def _self_draft(**kw: object) -> ModelDrafter:
     return ModelDrafter(TorchEngine.from_checkpoint(smollm2_gguf(), kv_cache_mb=128, max_context=512, **kw))
 
@@ -104,32 +119,26 @@ def test_smollm2_greedy_exact(
 ) -> None:
     """Every prompt with every k in {1, 2, 4, 8}, all 80 requests batched in flight together."""
     drafter = drafters[drafter_name]
-    scheduler = Scheduler(
-        LogitsVerifier(target),
-        drafter,  # type: ignore[arg-type]
-        SchedulerConfig(max_context=512, max_batch_size=80),
-        encode=tokenizer.encode,
-        make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
-        eos_ids=frozenset(),  # run all 64 tokens even past an end-of-turn token
-    )
+    llm = smollm2_engine(target, drafter, tokenizer, SchedulerConfig(max_context=512, max_batch_size=80))
     cases = {
-        scheduler.add_request(
-            GenerationRequest(prompt_token_ids=p, max_tokens=MAX_TOKENS, num_draft_tokens=k)
-        ): (i, k)
+        llm.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=MAX_TOKENS, num_draft_tokens=k)): (
+            i,
+            k,
+        )
         for k in (1, 2, 4, 8)
         for i, p in enumerate(prompt_ids)
     }
     tokens: dict[int, list[int]] = {rid: [] for rid in cases}
-    while scheduler.has_work():
-        for out in scheduler.step():
+    while llm.has_work():
+        for out in llm.step():
             tokens[out.request_id].extend(out.new_token_ids)
     mismatches = [cases[rid] for rid in cases if tokens[rid] != reference[cases[rid][0]]]
     assert not mismatches, f"(prompt, k) pairs {mismatches} differ from target-only greedy"
-    assert scheduler.stats.accepted_tokens > 0
+    assert llm.stats.accepted_tokens > 0
     if drafter_name != "ngram":
         # a lower-precision copy of the target agrees on most tokens: long accepted runs were exercised
-        assert scheduler.stats.acceptance_rate > 0.7
-        assert scheduler.stats.accepted_per_position[7] > 0
+        assert llm.stats.acceptance_rate > 0.7
+        assert llm.stats.accepted_per_position[7] > 0
     assert target.kv_usage().used_blocks == 0
 
 
@@ -140,16 +149,9 @@ def test_smollm2_seeded_sampling_same_alone_and_among_seven_others(
     the others use), through the int8 self-draft and the bf16 model draft."""
 
     def run(drafter_name: str, indices: list[int]) -> list[list[int]]:
-        scheduler = Scheduler(
-            LogitsVerifier(target),
-            drafters[drafter_name],  # type: ignore[arg-type]
-            SchedulerConfig(max_context=512),
-            encode=tokenizer.encode,
-            make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
-            eos_ids=frozenset(),
-        )
+        llm = smollm2_engine(target, drafters[drafter_name], tokenizer, SchedulerConfig(max_context=512))
         ids = [
-            scheduler.add_request(
+            llm.add_request(
                 GenerationRequest(
                     prompt_token_ids=prompt_ids[i],
                     max_tokens=40,
@@ -161,8 +163,8 @@ def test_smollm2_seeded_sampling_same_alone_and_among_seven_others(
             for i in indices
         ]
         tokens: dict[int, list[int]] = {rid: [] for rid in ids}
-        while scheduler.has_work():
-            for out in scheduler.step():
+        while llm.has_work():
+            for out in llm.step():
                 tokens[out.request_id].extend(out.new_token_ids)
         return [tokens[rid] for rid in ids]
 

@@ -1,32 +1,18 @@
 """The draft-verify loop on tiny random models: greedy exactness, batching invariance, rollback of
 both caches, chunked prefill, stats. Reference outputs come from a plain one-token-at-a-time greedy
-loop on a fresh engine, independent of the scheduler."""
+loop on a fresh engine, independent of the llm."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-import torch
-from tiny import model_drafter, run_to_completion, tiny_engine, tiny_scheduler, tokens_of
+from tiny import model_drafter, reference_greedy, run_to_completion, spec_engine, tiny_engine, tokens_of
 from trispec.drafters.ngram import NgramDrafter
-from trispec.engine.base import ForwardInput
 from trispec.request import GenerationRequest
 
 NUM_PROMPTS = 20
 MAX_TOKENS = 64
-
-
-def reference_greedy(prompt: list[int], max_tokens: int, seed: int = 0) -> list[int]:
-    engine = tiny_engine(seed)
-    engine.add_sequence(0, len(prompt) + max_tokens)
-    logits = engine.forward([ForwardInput(0, prompt, 1)])[0]
-    out = []
-    for _ in range(max_tokens):
-        token = int(torch.argmax(logits[-1]))
-        out.append(token)
-        logits = engine.forward([ForwardInput(0, [token], 1)])[0]
-    return out
 
 
 def make_prompts(n: int, seed: int = 1) -> list[list[int]]:
@@ -65,17 +51,15 @@ def test_greedy_speculative_equals_target(
 ) -> None:
     target = tiny_engine(0)
     drafter = DRAFTERS[drafter_name]()
-    scheduler = tiny_scheduler(target, drafter)
+    llm = spec_engine(target, drafter)
     ids = [
-        scheduler.add_request(
-            GenerationRequest(prompt_token_ids=p, max_tokens=MAX_TOKENS, num_draft_tokens=k)
-        )
+        llm.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=MAX_TOKENS, num_draft_tokens=k))
         for p in prompts
     ]
-    outputs = run_to_completion(scheduler)
+    outputs = run_to_completion(llm)
     for request_id, ref in zip(ids, references):
         assert tokens_of(outputs[request_id]) == ref
-    stats = scheduler.stats
+    stats = llm.stats
     assert stats.draft_tokens > 0
     if drafter_name == "bf16-self":
         # a bf16 copy of the target agrees almost always: the test exercises long accepted runs
@@ -92,44 +76,40 @@ def test_batching_invariance_staggered_mixed_k(prompts: list[list[int]]) -> None
     ks = [0, 1, 2, 3, 4, 5, 6, 8] * 2
 
     def alone(prompt: list[int], k: int) -> list[int]:
-        scheduler = tiny_scheduler(tiny_engine(0), model_drafter(3))
-        rid = scheduler.add_request(
-            GenerationRequest(prompt_token_ids=prompt, max_tokens=40, num_draft_tokens=k)
-        )
-        return tokens_of(run_to_completion(scheduler)[rid])
+        llm = spec_engine(tiny_engine(0), model_drafter(3))
+        rid = llm.add_request(GenerationRequest(prompt_token_ids=prompt, max_tokens=40, num_draft_tokens=k))
+        return tokens_of(run_to_completion(llm)[rid])
 
     expected = [alone(p, k) for p, k in zip(prompts[:16], ks)]
 
-    scheduler = tiny_scheduler(tiny_engine(0), model_drafter(3))
+    llm = spec_engine(tiny_engine(0), model_drafter(3))
     outputs: dict[int, list] = {}
     ids = []
     for i, (prompt, k) in enumerate(zip(prompts[:16], ks)):
         ids.append(
-            scheduler.add_request(
-                GenerationRequest(prompt_token_ids=prompt, max_tokens=40, num_draft_tokens=k)
-            )
+            llm.add_request(GenerationRequest(prompt_token_ids=prompt, max_tokens=40, num_draft_tokens=k))
         )
         for _ in range(i % 3):  # a few steps between arrivals
-            for out in scheduler.step():
+            for out in llm.step():
                 outputs.setdefault(out.request_id, []).append(out)
-    for rid, outs in run_to_completion(scheduler).items():
+    for rid, outs in run_to_completion(llm).items():
         outputs.setdefault(rid, []).extend(outs)
     assert [tokens_of(outputs[rid]) for rid in ids] == expected
-    assert scheduler.stats.max_verify_batch >= 8
+    assert llm.stats.max_verify_batch >= 8
 
 
 def test_seeded_sampling_is_batch_invariant(prompts: list[list[int]]) -> None:
     def run(batch: list[list[int]]) -> list[list[int]]:
-        scheduler = tiny_scheduler(tiny_engine(0), model_drafter(0, dtype="bfloat16"))
+        llm = spec_engine(tiny_engine(0), model_drafter(0, dtype="bfloat16"))
         ids = [
-            scheduler.add_request(
+            llm.add_request(
                 GenerationRequest(
                     prompt_token_ids=p, max_tokens=24, num_draft_tokens=4, temperature=0.8, seed=11 + i
                 )
             )
             for i, p in enumerate(batch)
         ]
-        outputs = run_to_completion(scheduler)
+        outputs = run_to_completion(llm)
         return [tokens_of(outputs[rid]) for rid in ids]
 
     together = run(prompts[:6])
@@ -141,21 +121,17 @@ def test_seeded_sampling_is_batch_invariant(prompts: list[list[int]]) -> None:
 def test_chunked_prefill_matches(prompts: list[list[int]]) -> None:
     long_prompt = [t for p in prompts[:6] for t in p]
     ref = reference_greedy(long_prompt, 16)
-    scheduler = tiny_scheduler(tiny_engine(0), model_drafter(7), max_prefill_tokens_per_step=7)
-    rid = scheduler.add_request(
-        GenerationRequest(prompt_token_ids=long_prompt, max_tokens=16, num_draft_tokens=3)
-    )
-    outputs = run_to_completion(scheduler)
+    llm = spec_engine(tiny_engine(0), model_drafter(7), max_prefill_tokens_per_step=7)
+    rid = llm.add_request(GenerationRequest(prompt_token_ids=long_prompt, max_tokens=16, num_draft_tokens=3))
+    outputs = run_to_completion(llm)
     assert tokens_of(outputs[rid]) == ref
-    assert scheduler.stats.steps > len(long_prompt) // 7
+    assert llm.stats.steps > len(long_prompt) // 7
 
 
 def test_stats_are_consistent(prompts: list[list[int]]) -> None:
-    scheduler = tiny_scheduler(tiny_engine(0), model_drafter(0, dtype="bfloat16"))
-    rid = scheduler.add_request(
-        GenerationRequest(prompt_token_ids=prompts[0], max_tokens=50, num_draft_tokens=4)
-    )
-    outputs = run_to_completion(scheduler)[rid]
+    llm = spec_engine(tiny_engine(0), model_drafter(0, dtype="bfloat16"))
+    rid = llm.add_request(GenerationRequest(prompt_token_ids=prompts[0], max_tokens=50, num_draft_tokens=4))
+    outputs = run_to_completion(llm)[rid]
     stats = outputs[-1].stats
     tokens = tokens_of(outputs)
     assert len(tokens) == 50
@@ -168,9 +144,9 @@ def test_stats_are_consistent(prompts: list[list[int]]) -> None:
 
 
 def test_plain_decoding_same_loop(prompts: list[list[int]], references: list[list[int]]) -> None:
-    scheduler = tiny_scheduler(tiny_engine(0), None)
-    rid = scheduler.add_request(GenerationRequest(prompt_token_ids=prompts[2], max_tokens=MAX_TOKENS))
-    outputs = run_to_completion(scheduler)[rid]
+    llm = spec_engine(tiny_engine(0), None)
+    rid = llm.add_request(GenerationRequest(prompt_token_ids=prompts[2], max_tokens=MAX_TOKENS))
+    outputs = run_to_completion(llm)[rid]
     assert tokens_of(outputs) == references[2]
     assert outputs[-1].stats.draft_tokens == 0
     assert outputs[-1].stats.rounds == MAX_TOKENS

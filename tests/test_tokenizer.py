@@ -20,13 +20,15 @@ import pytest
 import regex
 from tokenizers import pre_tokenizers
 from trispec.checkpoints import smollm2_gguf
-from trispec.tokenizer import Tokenizer, gguf_cache_dir, load_tokenizer_for_gguf
-from trispec_build.tokenizer_gguf import (
+from trispec.engine.gguf_tokenizer import (
     QWEN2_SPLIT,
     ensure_tokenizer_json,
+    gguf_cache_dir,
+    load_tokenizer_for_gguf,
     read_gguf_tokenizer,
     tokenizer_json_from_gguf,
 )
+from trispec.tokenizer import Tokenizer
 
 CORPUS = [
     "Hello, world!",

@@ -16,9 +16,10 @@ from trispec.drafters.model_drafter import ModelDrafter
 from trispec.engine.args import ModelArgs
 from trispec.engine.base import ForwardInput
 from trispec.engine.torch_engine import TorchEngine
+from trispec.llm_engine import LLMEngine
+from trispec.runners.torch_runner import TorchSpecRunner
 from trispec.scheduler import RequestOutput, Scheduler
 from trispec.tokenizer import Tokenizer
-from trispec.verifier import LogitsVerifier
 
 TINY_VOCAB = 320  # 256 byte tokens + room for ids the tokenizer never produces
 
@@ -70,38 +71,53 @@ def ascii_tokenizer(vocab_size: int = TINY_VOCAB) -> Tokenizer:
     return Tokenizer(tok, eos_ids=frozenset())
 
 
-def tiny_scheduler(
+def spec_engine(
     target: TorchEngine,
     drafter: Drafter | None,
     tokenizer: Tokenizer | None = None,
     **config: object,
-) -> Scheduler:
+) -> LLMEngine:
+    """Scheduler + torch runner over ``target`` and ``drafter``, as ``SpeculativeLLM`` wires them."""
     tokenizer = tokenizer or byte_tokenizer()
     # adaptive speculation chooses by measured time: tests pin it off unless they are about it
     config.setdefault("adaptive_speculation", False)
-    return Scheduler(
-        LogitsVerifier(target),
-        drafter,
+    runner = TorchSpecRunner(target, drafter)
+    scheduler = Scheduler(
+        runner,
         SchedulerConfig(**config),
         encode=tokenizer.encode,
         make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
         eos_ids=tokenizer.eos_ids,
     )
+    return LLMEngine(scheduler, runner)
 
 
 def model_drafter(seed: int = 0, **kw: object) -> ModelDrafter:
     return ModelDrafter(tiny_engine(seed, **kw))
 
 
-def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000) -> dict[int, list[RequestOutput]]:
+def reference_greedy(prompt: list[int], max_tokens: int, seed: int = 0) -> list[int]:
+    """Target-only greedy decoding, one token per forward, on a fresh tiny engine: the reference
+    that speculative output must equal, independent of the scheduler and the runner."""
+    engine = tiny_engine(seed)
+    engine.add_sequence(0, len(prompt) + max_tokens)
+    logits = engine.forward([ForwardInput(0, prompt, 1)])[0]
+    out: list[int] = []
+    for _ in range(max_tokens):
+        out.append(int(torch.argmax(logits[-1])))
+        logits = engine.forward([ForwardInput(0, out[-1:], 1)])[0]
+    return out
+
+
+def run_to_completion(llm: LLMEngine, max_steps: int = 10_000) -> dict[int, list[RequestOutput]]:
     """Step until idle; outputs grouped by request id."""
     outputs: dict[int, list[RequestOutput]] = {}
     for _ in range(max_steps):
-        if not scheduler.has_work():
+        if not llm.has_work():
             return outputs
-        for out in scheduler.step():
+        for out in llm.step():
             outputs.setdefault(out.request_id, []).append(out)
-    raise AssertionError("scheduler did not finish")
+    raise AssertionError("the engine did not finish")
 
 
 def tokens_of(outputs: Sequence[RequestOutput]) -> list[int]:

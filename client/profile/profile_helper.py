@@ -118,8 +118,8 @@ def save_metrics(url: str, out: str) -> None:
 
 # ---------------------------------------------------------------- tokenizer and prompts
 def write_tokenizer(out_dir: str, config_path: str | None) -> None:
+    from trispec.checkpoints import load_tokenizer
     from trispec.config import load_config
-    from trispec.llm import load_tokenizer
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,19 +17,19 @@ from collections.abc import Callable
 
 import torch
 
-from trispec.checkpoints import smollm2_gguf
+from trispec.checkpoints import cache_dir, smollm2_gguf
 from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import Drafter
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.ngram import NgramDrafter
+from trispec.engine.gguf_tokenizer import load_tokenizer_for_gguf
 from trispec.engine.torch_engine import TorchEngine
 from trispec.engine.weights import load_checkpoint
-from trispec.llm import cache_dir
+from trispec.llm_engine import LLMEngine
 from trispec.request import GenerationRequest
+from trispec.runners.torch_runner import TorchSpecRunner
 from trispec.scheduler import Scheduler
-from trispec.tokenizer import load_tokenizer_for_gguf
-from trispec.verifier import LogitsVerifier
 
 PROMPTS = [
     "Explain why the sky is blue.",
@@ -44,18 +44,16 @@ PROMPTS = [
 
 
 def run(
-    scheduler: Scheduler, prompts: list[list[int]], k: int, max_tokens: int
+    engine: LLMEngine, prompts: list[list[int]], k: int, max_tokens: int
 ) -> tuple[float, list[list[int]]]:
     ids = [
-        scheduler.add_request(
-            GenerationRequest(prompt_token_ids=p, max_tokens=max_tokens, num_draft_tokens=k)
-        )
+        engine.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=max_tokens, num_draft_tokens=k))
         for p in prompts
     ]
     out: dict[int, list[int]] = {i: [] for i in ids}
     start = time.perf_counter()
-    while scheduler.has_work():
-        for o in scheduler.step():
+    while engine.has_work():
+        for o in engine.step():
             out[o.request_id].extend(o.new_token_ids)
     return time.perf_counter() - start, [out[i] for i in ids]
 
@@ -91,15 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}])) for p in PROMPTS
     ]
 
-    def scheduler(drafter: Drafter | None, adaptive: bool = False) -> Scheduler:
-        return Scheduler(
-            LogitsVerifier(target),
-            drafter,
+    def scheduler(drafter: Drafter | None, adaptive: bool = False) -> LLMEngine:
+        runner = TorchSpecRunner(target, drafter)
+        sched = Scheduler(
+            runner,
             SchedulerConfig(max_batch_size=64, max_context=1024, adaptive_speculation=adaptive),
             encode=tokenizer.encode,
             make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
             eos_ids=frozenset(),  # fixed-length outputs so every run does the same work
         )
+        return LLMEngine(sched, runner)
 
     rows = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             if adaptive:
                 # a serving process learns once and keeps its measurements: learn on one untimed run
                 run(sched, prompts, args.num_draft_tokens, args.max_tokens)
-                sched.stats = type(sched.stats)()
+                sched.scheduler.stats = type(sched.stats)()
             spec_s, spec_out = run(sched, prompts, args.num_draft_tokens, args.max_tokens)
             rows.append(
                 {

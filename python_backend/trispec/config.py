@@ -2,7 +2,7 @@
 
 One file names the target checkpoint, the drafter and the scheduler limits. Unknown keys and bad
 values raise ``ConfigError`` naming the dotted key (``drafter.kind``). The Triton model config is
-generated from this too (later), never kept by hand in a second place.
+generated from this, never kept by hand in a second place.
 """
 
 from __future__ import annotations
@@ -105,6 +105,12 @@ class SchedulerConfig(_Strict):
         return self
 
 
+class EngineConfig(_Strict):
+    """Which runner executes the draft-verify step: ``torch`` (our PyTorch engine, any machine)."""
+
+    kind: Literal["torch"] = "torch"
+
+
 class GenerationDefaults(_Strict):
     max_tokens: int = Field(64, ge=1)
     temperature: float = Field(0.0, ge=0)
@@ -113,6 +119,7 @@ class GenerationDefaults(_Strict):
 
 
 class SpecDecConfig(_Strict):
+    engine: EngineConfig = EngineConfig()
     target: ModelConfig
     drafter: DrafterConfig = DrafterConfig()
     scheduler: SchedulerConfig = SchedulerConfig()

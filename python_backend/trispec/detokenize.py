@@ -39,10 +39,6 @@ class IncrementalDetokenizer:
         self._read = 0  # last clean boundary: text of ids before it was all emitted
         self._emitted = 0  # chars of decode(ids[prefix:]) already emitted
 
-    @property
-    def ids(self) -> list[int]:
-        return list(self._ids)
-
     def _window_text(self) -> str:
         return self._tokenizer.decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trispec.errors import InvalidInputError
-from trispec.sampling import SamplingParams
+from trispec.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import torch
-
 from trispec.detokenize import StopTextTracker
-from trispec.sampling import SamplingParams
+from trispec.sampling_params import SamplingParams
 from trispec.stats import AcceptanceStats
 
 
@@ -26,13 +24,14 @@ class Sequence:
     max_tokens: int
     num_draft_tokens: int
     sampling: SamplingParams
-    generator: torch.Generator | None
     end_ids: frozenset[int]
     text: StopTextTracker
     output_ids: list[int] = field(default_factory=list)
-    # tokens held in the target's KV cache; every token past it is fed in the next target pass
-    num_cached: int = 0
-    uses_drafter: bool = False
+    # how many of ``token_ids`` the runner's caches hold (as the runner last reported it); every
+    # token past it is fed in the sequence's next step
+    num_computed: int = 0
+    # admitted into the drafter too (a drafter exists and the request asked for drafts)
+    drafts: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)

@@ -1,14 +1,12 @@
 """Run-time tokenizer: a ``tokenizers.Tokenizer`` plus the special ids and chat template it needs.
 
-The files come from ``trispec_build.tokenizer_gguf`` (tokenizer.json + tokenizer_info.json, converted
-once from a GGUF) or from a Hugging Face weights folder. Nothing here imports ``trispec_build`` at
-module level: the serving process must not need the build-time code unless it has to convert.
+The files come from ``engine/gguf_tokenizer.py`` (tokenizer.json + tokenizer_info.json, converted
+once from a GGUF) or from a Hugging Face weights folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -170,20 +168,3 @@ def _info_from_hf_dir(backend: tokenizers.Tokenizer, folder: Path) -> TokenizerI
         add_bos=bool(config.get("add_bos_token", False)),
         chat_template=config.get("chat_template") if isinstance(config.get("chat_template"), str) else None,
     )
-
-
-def gguf_cache_dir(gguf_path: Path, cache_dir: Path) -> Path:
-    """One folder per GGUF: its stem for humans, a hash of its full path so two same-named files differ."""
-    digest = hashlib.sha1(str(gguf_path.resolve()).encode()).hexdigest()[:10]
-    return cache_dir / "tokenizers" / f"{gguf_path.stem}-{digest}"
-
-
-def load_tokenizer_for_gguf(gguf_path: str | Path, cache_dir: str | Path) -> Tokenizer:
-    """Tokenizer for a GGUF, converting its metadata to tokenizer.json once under ``cache_dir``."""
-    # imported here so that serving from ready-made tokenizer files never loads build-time code
-    from trispec_build.tokenizer_gguf import ensure_tokenizer_json
-
-    gguf_path = Path(gguf_path)
-    folder = gguf_cache_dir(gguf_path, Path(cache_dir))
-    tokenizer_json = ensure_tokenizer_json(gguf_path, folder / "tokenizer.json")
-    return Tokenizer.from_files(tokenizer_json, tokenizer_json.with_name(INFO_FILE))

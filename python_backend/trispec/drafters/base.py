@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from trispec.engine.base import ForwardInput, KVUsage
-from trispec.sampling import SamplingParams
+from trispec.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -54,3 +54,26 @@ class Drafter(Protocol):
     def kv_usage(self) -> KVUsage | None:
         """The draft model's KV pool; None for drafters without one (n-gram)."""
         ...
+
+
+class StatelessDrafter:
+    """Bookkeeping for a drafter without a model or KV cache (n-gram lookup, none): admission always
+    succeeds and there is no cache to feed, roll back or free. Subclasses implement ``propose``."""
+
+    def can_admit(self, max_length: int) -> bool:
+        return True
+
+    def add_sequence(self, seq_id: int, max_length: int) -> None:
+        pass
+
+    def prefill(self, chunks: Sequence[ForwardInput]) -> None:
+        pass
+
+    def rollback(self, seq_id: int, num_verified: int) -> None:
+        pass
+
+    def free(self, seq_id: int) -> None:
+        pass
+
+    def kv_usage(self) -> KVUsage | None:
+        return None

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trispec.drafters.base import DraftProposal, DraftRequest
-from trispec.engine.base import ForwardInput, KVUsage
+from trispec.drafters.base import DraftProposal, DraftRequest, StatelessDrafter
 from trispec.sampling import one_hot_probs
 
 
@@ -26,20 +25,11 @@ def ngram_lookup(tokens: Sequence[int], k: int, max_ngram: int, min_ngram: int) 
     return []
 
 
-class NgramDrafter:
+class NgramDrafter(StatelessDrafter):
     def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.vocab_size = vocab_size
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-
-    def can_admit(self, max_length: int) -> bool:
-        return True
-
-    def add_sequence(self, seq_id: int, max_length: int) -> None:
-        pass
-
-    def prefill(self, chunks: Sequence[ForwardInput]) -> None:
-        pass
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         proposals = []
@@ -51,12 +41,3 @@ class NgramDrafter:
                 probs = one_hot_probs(tokens, self.vocab_size)
             proposals.append(DraftProposal(tokens, probs))
         return proposals
-
-    def rollback(self, seq_id: int, num_verified: int) -> None:
-        pass
-
-    def free(self, seq_id: int) -> None:
-        pass
-
-    def kv_usage(self) -> KVUsage | None:
-        return None

@@ -14,6 +14,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from trispec.step import KVUsage
+
 
 @dataclass(frozen=True)
 class ForwardInput:
@@ -62,14 +64,3 @@ class Engine(Protocol):
         ...
 
     def kv_usage(self) -> KVUsage: ...
-
-
-@dataclass(frozen=True)
-class KVUsage:
-    total_blocks: int
-    used_blocks: int
-    block_size: int
-
-    @property
-    def free_blocks(self) -> int:
-        return self.total_blocks - self.used_blocks

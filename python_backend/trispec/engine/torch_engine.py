@@ -162,9 +162,6 @@ class TorchEngine:
     def cached_length(self, seq_id: int) -> int:
         return self.blocks.length(seq_id)
 
-    def has_sequence(self, seq_id: int) -> bool:
-        return seq_id in self.blocks
-
     @torch.inference_mode()
     def forward(self, inputs: Sequence[ForwardInput]) -> list[torch.Tensor]:
         self._validate(inputs)

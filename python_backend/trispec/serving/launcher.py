@@ -27,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--model-repository",
         type=Path,
         help="where the Triton model repository is written and served from "
-        "(default: model_repository in $TRISPEC_CACHE_DIR, ~/.cache/trispec)",
+        "(default: model_repository in $SPECDEC_CACHE_DIR, ~/.cache/specdec)",
     )
     parser.add_argument(
         "--no-prepare",
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(taken, 1)
 
     if args.model_repository is None:
-        from trispec.llm import cache_dir  # imports torch (seconds): only when needed
+        from trispec.checkpoints import cache_dir
 
         args.model_repository = cache_dir() / "model_repository"
     repository: Path = args.model_repository.expanduser().resolve()

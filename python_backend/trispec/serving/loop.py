@@ -17,11 +17,12 @@ from typing import Protocol
 
 import numpy as np
 
-from trispec.engine.base import KVUsage
-from trispec.scheduler import RequestOutput, Scheduler
+from trispec.llm_engine import LLMEngine
+from trispec.scheduler import RequestOutput
 from trispec.sequence import FinishReason
 from trispec.serving.tensors import ParsedRequest, response_tensors
 from trispec.stats import EngineStats
+from trispec.step import KVUsage
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,8 @@ class RoundReport:
     latency_s: float | None
     running: int
     waiting: int
-    target_kv: KVUsage
-    draft_kv: KVUsage | None
+    # KV pools by name (target, drafter)
+    kv: dict[str, KVUsage]
     # cumulative totals over all requests since start
     engine: EngineStats
     # finish reasons of the requests that ended this round
@@ -69,8 +70,8 @@ class _Live:
 
 
 class ServingLoop:
-    def __init__(self, scheduler: Scheduler, metrics: LoopMetrics | None = None) -> None:
-        self.scheduler = scheduler
+    def __init__(self, engine: LLMEngine, metrics: LoopMetrics | None = None) -> None:
+        self.engine = engine
         self.metrics = metrics
         self._live: dict[int, _Live] = {}
         # held while a request is registered, and while a round's outputs are dispatched, so an
@@ -89,7 +90,7 @@ class ServingLoop:
         if self._stopping.is_set():
             raise RuntimeError("the model is shutting down")
         with self._lock:
-            request_id = self.scheduler.add_request(request.generation)
+            request_id = self.engine.add_request(request.generation)
             self._live[request_id] = _Live(
                 sink, request.generation.prompt, request.stream, request.exclude_input_in_output
             )
@@ -116,14 +117,14 @@ class ServingLoop:
         if self.metrics is not None:
             self._record(None, [])  # gauges show the idle state before the first request
         while not self._stopping.is_set():
-            if not self.scheduler.has_work():
+            if not self.engine.has_work():
                 self._wake.wait(timeout=0.1)
                 self._wake.clear()
                 continue
             self._check_cancellations()
             start = time.perf_counter()
             try:
-                outputs = self.scheduler.step()
+                outputs = self.engine.step()
             except Exception as exc:  # a bug, not a per-request failure (those come back as outputs)
                 logger.exception("scheduler step failed")
                 self._fail_all(f"internal error: {type(exc).__name__}: {exc}")
@@ -142,7 +143,7 @@ class ServingLoop:
             except Exception:  # the sender is gone: nobody is listening any more
                 cancelled = True
             if cancelled:
-                self.scheduler.cancel(request_id)
+                self.engine.cancel(request_id)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> list[str]:
         finished = []
@@ -160,7 +161,7 @@ class ServingLoop:
                     logger.exception("sending a response for request %d failed", out.request_id)
                     if not out.finished:
                         del self._live[out.request_id]
-                        self.scheduler.cancel(out.request_id)
+                        self.engine.cancel(out.request_id)
         return finished
 
     @staticmethod
@@ -185,7 +186,7 @@ class ServingLoop:
         with self._lock:
             live, self._live = self._live, {}
         for request_id, state in live.items():
-            self.scheduler.cancel(request_id)
+            self.engine.cancel(request_id)
             self._send_error(state, message)
 
     @staticmethod
@@ -196,15 +197,13 @@ class ServingLoop:
             logger.exception("sending an error response failed")
 
     def _record(self, latency_s: float | None, finished: list[str]) -> None:
-        scheduler = self.scheduler
-        drafter = scheduler.drafter
+        engine = self.engine
         report = RoundReport(
             latency_s=latency_s,
-            running=len(scheduler.running),
-            waiting=len(scheduler.waiting),
-            target_kv=scheduler.verifier.kv_usage(),
-            draft_kv=drafter.kv_usage() if drafter is not None else None,
-            engine=scheduler.stats,
+            running=engine.num_running,
+            waiting=engine.num_waiting,
+            kv=engine.kv_usage(),
+            engine=engine.stats,
             finished=finished,
         )
         try:

@@ -10,9 +10,9 @@ import copy
 from types import ModuleType
 from typing import Any
 
-from trispec.engine.base import KVUsage
 from trispec.serving.loop import RoundReport
 from trispec.stats import EngineStats
+from trispec.step import KVUsage
 
 ROUND_LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 VERIFY_BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
@@ -114,9 +114,8 @@ class TritonMetrics:
         self.max_verify_batch.set(report.engine.max_verify_batch)
         if report.latency_s is not None:
             self.round_latency.observe(report.latency_s)
-        self._set_kv("target", report.target_kv)
-        if report.draft_kv is not None:
-            self._set_kv("drafter", report.draft_kv)
+        for pool, usage in report.kv.items():
+            self._set_kv(pool, usage)
 
     def _set_kv(self, pool: str, usage: KVUsage) -> None:
         self._kv[(pool, "used")].set(usage.used_blocks)

@@ -66,7 +66,7 @@ class TritonPythonModel:
         config = load_config(config_path_from(model_config))
         self.llm = SpeculativeLLM.from_config(config)
         self.defaults = config.defaults
-        self.loop = ServingLoop(self.llm.scheduler, TritonMetrics(pb_utils, args["model_name"]))
+        self.loop = ServingLoop(self.llm.engine, TritonMetrics(pb_utils, args["model_name"]))
         self.loop.start()
         logger.info("specdec ready: drafter %s, scheduler %s", config.drafter.kind, config.scheduler)
 

@@ -36,7 +36,7 @@ STUB_NAME = "triton_python_backend_stub"
 SHM_DIR = Path("/dev/shm")
 # Every shm prefix starts with this and the launching pid, so leftovers of a dead launcher are
 # recognisable (see remove_stale_shm).
-SHM_PREFIX_ROOT = "trispec_"
+SHM_PREFIX_ROOT = "specdec_"
 _launch_counter = itertools.count()
 # logged as an error at every start on a machine without a GPU; harmless
 _NOISE = "CudaDriverHelper has not been initialized"
@@ -293,7 +293,7 @@ class TritonServer:
         if not self.options.model_repository.is_dir():
             raise TritonServerError(f"model repository {self.options.model_repository} is not a directory")
         self._backend_dir = prepare_backend_directory(
-            Path(tempfile.mkdtemp(prefix="trispec-backends-")), self.install
+            Path(tempfile.mkdtemp(prefix="specdec-backends-")), self.install
         )
         command = build_command(self.install, self.options, self._backend_dir, self.shm_prefix)
         if self.options.log_file is not None:

@@ -1,4 +1,4 @@
-"""Turn the tokenizer a GGUF describes into tokenizer.json (+ tokenizer_info.json), once.
+"""Turn the tokenizer a GGUF describes into tokenizer.json (+ tokenizer_info.json), once, and load it.
 
 A GGUF stores a byte-level BPE as metadata under llama.cpp's keys: tokens (already spelled in the
 GPT-2 byte alphabet), merges, token types, special ids and a ``tokenizer.ggml.pre`` name for the
@@ -8,6 +8,7 @@ match what the model was trained on (checked against transformers' own GGUF load
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ from typing import Any
 
 import gguf
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
 from trispec.tokenizer import INFO_FILE, TokenizerInfo, end_of_turn_ids
+from trispec.tokenizer import Tokenizer as RuntimeTokenizer
 
 # llama.cpp token types (gguf.TokenType)
 _CONTROL = 3
@@ -126,7 +129,7 @@ def build_tokenizer(data: GGUFTokenizerData) -> Tokenizer:
     if pre is None:
         raise ValueError(
             f"tokenizer.ggml.pre {data.pre!r} is not supported; known: {sorted(PRE_TOKENIZERS)}. "
-            "Add its split regex to trispec_build.tokenizer_gguf.PRE_TOKENIZERS."
+            "Add its split regex to trispec.engine.gguf_tokenizer.PRE_TOKENIZERS."
         )
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())
@@ -217,3 +220,17 @@ def ensure_tokenizer_json(gguf_path: str | Path, out_path: str | Path) -> Path:
     _write_atomic(info_path, build_info(data, tok).to_json())
     _write_atomic(out_path, tok.to_str())
     return out_path
+
+
+def gguf_cache_dir(gguf_path: Path, cache_dir: Path) -> Path:
+    """One folder per GGUF: its stem for humans, a hash of its full path so two same-named files differ."""
+    digest = hashlib.sha1(str(gguf_path.resolve()).encode()).hexdigest()[:10]
+    return cache_dir / "tokenizers" / f"{gguf_path.stem}-{digest}"
+
+
+def load_tokenizer_for_gguf(gguf_path: str | Path, cache_dir: str | Path) -> RuntimeTokenizer:
+    """Tokenizer for a GGUF, converting its metadata to tokenizer.json once under ``cache_dir``."""
+    gguf_path = Path(gguf_path)
+    folder = gguf_cache_dir(gguf_path, Path(cache_dir))
+    tokenizer_json = ensure_tokenizer_json(gguf_path, folder / "tokenizer.json")
+    return RuntimeTokenizer.from_files(tokenizer_json, tokenizer_json.with_name(INFO_FILE))

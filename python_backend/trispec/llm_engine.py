@@ -1,0 +1,52 @@
+"""``LLMEngine``: one step = ``schedule()`` -> ``runner.run()`` -> ``postprocess()``.
+
+The scheduler plans (who runs, how many prompt tokens, which k), the runner executes the plan
+(draft, verify, accept, keep its caches right), the scheduler turns the result into per-request
+outputs. A server thread may add requests and cancellations at any time; ``step`` runs on one thread.
+"""
+
+from __future__ import annotations
+
+from trispec.request import GenerationRequest
+from trispec.runners.base import SpecRunner
+from trispec.scheduler import RequestOutput, Scheduler
+from trispec.stats import EngineStats
+from trispec.step import KVUsage
+
+
+class LLMEngine:
+    def __init__(self, scheduler: Scheduler, runner: SpecRunner) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        result = self.runner.run(plan)
+        return self.scheduler.postprocess(plan, result)
+
+    # -- requests (any thread) ------------------------------------------------------------------
+    def add_request(self, request: GenerationRequest) -> int:
+        """Validate and queue; raises ``InvalidInputError`` naming the field."""
+        return self.scheduler.add_request(request)
+
+    def cancel(self, request_id: int) -> None:
+        self.scheduler.cancel(request_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- state for metrics ----------------------------------------------------------------------
+    @property
+    def stats(self) -> EngineStats:
+        return self.scheduler.stats
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def kv_usage(self) -> dict[str, KVUsage]:
+        return self.runner.kv_usage()

@@ -1,0 +1,1 @@
+"""Runners: what executes a step plan (draft, verify, accept, keep the caches right) behind one seam."""

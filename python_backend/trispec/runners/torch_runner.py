@@ -1,0 +1,187 @@
+"""``TorchSpecRunner``: one step of draft -> verify -> accept on the PyTorch engine.
+
+Per step, for every sequence of the plan at once: the drafter proposes k tokens per sequence
+(batched per draft position) and takes in the prompt chunks of drafting sequences; ONE batched
+target forward scores every sequence's fed tokens and drafts and appends the prompt chunks; the
+accept rule keeps each sequence's longest verified prefix plus one target token; both caches are cut
+back to exactly what is verified. If the batched round raises, it is undone in both caches and rerun
+one sequence at a time: only a sequence that fails on its own fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import torch
+
+from trispec.config import SpecDecConfig
+from trispec.drafters.base import Drafter, DraftProposal, DraftRequest
+from trispec.drafters.none import NoDrafter
+from trispec.engine.base import Engine, ForwardInput
+from trispec.sampling import make_generator
+from trispec.sampling_params import SamplingParams
+from trispec.step import KVUsage, SeqResult, SeqStep, StepPlan, StepResult
+from trispec.verifier import verify
+
+logger = logging.getLogger(__name__)
+
+
+class TorchSpecRunner:
+    def __init__(self, target: Engine, drafter: Drafter | None = None) -> None:
+        self.target = target
+        self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
+        self._generators: dict[int, torch.Generator | None] = {}
+        self._drafting: set[int] = set()
+
+    @classmethod
+    def from_config(cls, config: SpecDecConfig) -> TorchSpecRunner:
+        from trispec.runners.torch_build import build_drafter, build_target
+
+        target, checkpoint = build_target(config)
+        return cls(target, build_drafter(config, target, checkpoint))
+
+    # -- admission ---------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.target.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        return self.target.max_context
+
+    @property
+    def can_draft(self) -> bool:
+        return not isinstance(self.drafter, NoDrafter)
+
+    def can_admit(self, max_length: int, drafts: bool) -> bool:
+        return self.target.can_reserve(max_length) and (not drafts or self.drafter.can_admit(max_length))
+
+    def add(self, seq_id: int, max_length: int, sampling: SamplingParams, drafts: bool) -> None:
+        self.target.add_sequence(seq_id, max_length)
+        if drafts:
+            self.drafter.add_sequence(seq_id, max_length)
+            self._drafting.add(seq_id)
+        # the request's own random state: its draws never depend on what it is batched with
+        self._generators[seq_id] = make_generator(sampling)
+
+    def free(self, seq_id: int) -> None:
+        self.target.free(seq_id)
+        if seq_id in self._drafting:
+            self.drafter.free(seq_id)
+            self._drafting.discard(seq_id)
+        self._generators.pop(seq_id, None)
+
+    def cached_length(self, seq_id: int) -> int:
+        return self.target.cached_length(seq_id)
+
+    def kv_usage(self) -> dict[str, KVUsage]:
+        pools = {"target": self.target.kv_usage()}
+        draft = self.drafter.kv_usage()
+        if draft is not None:
+            pools["drafter"] = draft
+        return pools
+
+    # -- the step ----------------------------------------------------------------------------
+    def run(self, plan: StepPlan) -> StepResult:
+        if not plan.steps:
+            return StepResult()
+        try:
+            return self._round(plan.steps)
+        except Exception as exc:
+            return self._isolate(plan.steps, exc)
+
+    def _round(self, steps: Sequence[SeqStep]) -> StepResult:
+        chunks = [s for s in steps if s.is_prompt_chunk]
+        decodes = [s for s in steps if not s.is_prompt_chunk]
+        for s in steps:
+            if self.target.cached_length(s.seq_id) != s.num_computed:
+                raise RuntimeError(
+                    f"seq {s.seq_id}: the plan says {s.num_computed} tokens are cached, the cache holds "
+                    f"{self.target.cached_length(s.seq_id)}"
+                )
+        t0 = time.perf_counter()
+        drafts = self._draft(chunks, decodes)
+        t1 = time.perf_counter()
+        # one batched target pass: each decode feeds its new tokens + drafts and wants logits for the
+        # last k + 1 (row i scores draft i, the last row the bonus); prompt chunks want none
+        inputs = [
+            ForwardInput(s.seq_id, [*s.token_ids[s.num_computed :], *d.tokens], len(d.tokens) + 1)
+            for s, d in zip(decodes, drafts)
+        ]
+        inputs += [ForwardInput(s.seq_id, s.token_ids[s.num_computed : s.feed_to], 0) for s in chunks]
+        logits = self.target.forward(inputs)
+        results = {}
+        for s, draft, rows in zip(decodes, drafts, logits):
+            accepted = verify(draft, rows, s.sampling, self._generators[s.seq_id])
+            # the caches keep the fed tokens and the accepted drafts; the target's own token is
+            # fed in the next step
+            computed = s.feed_to + accepted.num_accepted
+            self.target.truncate(s.seq_id, computed)
+            if s.seq_id in self._drafting:
+                self.drafter.rollback(s.seq_id, computed)
+            results[s.seq_id] = SeqResult(
+                s.seq_id, accepted.tokens, len(draft.tokens), accepted.num_accepted, computed
+            )
+        for s in chunks:
+            results[s.seq_id] = SeqResult(s.seq_id, num_computed=s.feed_to)
+        return StepResult(results, t1 - t0, time.perf_counter() - t1)
+
+    def _draft(self, chunks: Sequence[SeqStep], decodes: Sequence[SeqStep]) -> list[DraftProposal]:
+        self.drafter.prefill(
+            [
+                ForwardInput(s.seq_id, s.token_ids[s.num_computed : s.feed_to], 0)
+                for s in chunks
+                if s.seq_id in self._drafting
+            ]
+        )
+        drafting = [i for i, s in enumerate(decodes) if s.num_draft_tokens > 0]
+        requests = [
+            DraftRequest(
+                decodes[i].seq_id,
+                decodes[i].token_ids,
+                decodes[i].num_draft_tokens,
+                decodes[i].sampling,
+                self._generators[decodes[i].seq_id],
+            )
+            for i in drafting
+        ]
+        proposals = [DraftProposal([]) for _ in decodes]
+        for i, proposal in zip(drafting, self.drafter.propose(requests)):
+            proposals[i] = proposal
+        return proposals
+
+    def _isolate(self, steps: Sequence[SeqStep], exc: Exception) -> StepResult:
+        """A batched round raised: undo it, then rerun each sequence alone so that only the ones
+        that fail on their own are failed; the rest of the batch carries on."""
+        self._undo(steps)
+        if len(steps) == 1:
+            return StepResult({steps[0].seq_id: self._failed(steps[0], exc)}, isolated=True)
+        logger.warning("a batched round of %d sequences failed (%r); retrying one by one", len(steps), exc)
+        results: dict[int, SeqResult] = {}
+        draft_s = verify_s = 0.0
+        for step in steps:
+            try:
+                alone = self._round([step])
+            except Exception as seq_exc:
+                self._undo([step])
+                results[step.seq_id] = self._failed(step, seq_exc)
+            else:
+                results.update(alone.results)
+                draft_s, verify_s = draft_s + alone.draft_time_s, verify_s + alone.verify_time_s
+        return StepResult(results, draft_s, verify_s, isolated=True)
+
+    @staticmethod
+    def _failed(step: SeqStep, exc: Exception) -> SeqResult:
+        logger.error("request %d failed: %r", step.seq_id, exc, exc_info=exc)
+        error = f"{type(exc).__name__}: {exc}"
+        return SeqResult(step.seq_id, num_computed=step.num_computed, error=error)
+
+    def _undo(self, steps: Sequence[SeqStep]) -> None:
+        """Forget anything a failed round put in either cache past the planned tokens."""
+        for s in steps:
+            if self.target.cached_length(s.seq_id) > s.num_computed:
+                self.target.truncate(s.seq_id, s.num_computed)
+            if s.seq_id in self._drafting:
+                self.drafter.rollback(s.seq_id, s.num_computed)

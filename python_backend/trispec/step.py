@@ -1,0 +1,90 @@
+"""What crosses the runner seam: the scheduler's plan for one step and the runner's result.
+
+Plain data, no tensors: a runner may keep its KV cache on a GPU, in another process or inside
+TensorRT-LLM's executor; all it gets is "these tokens, this many drafts" and all it returns is the
+tokens it verified.
+
+One step in three parts (``LLMEngine.step``): ``Scheduler.schedule() -> StepPlan``,
+``SpecRunner.run(plan) -> StepResult``, ``Scheduler.postprocess(plan, result)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from trispec.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SeqStep:
+    """One sequence in one step.
+
+    The runner's caches hold the first ``num_computed`` of ``token_ids`` (the sequence's verified
+    tokens: prompt + output so far). This step feeds ``token_ids[num_computed:feed_to]``:
+
+    * a prompt chunk (``feed_to < len(token_ids)``): fed and cached, nothing is drafted, verified or
+      emitted (``num_draft_tokens`` is 0);
+    * a decode step (``feed_to == len(token_ids)``): the rest of the prompt if any and the last
+      verified token, then ``num_draft_tokens`` drafts (0: a plain step); the target verifies them
+      and the step emits the accepted drafts plus one token of the target's.
+    """
+
+    seq_id: int
+    token_ids: Sequence[int]
+    num_computed: int
+    feed_to: int
+    num_draft_tokens: int
+    sampling: SamplingParams
+
+    @property
+    def is_prompt_chunk(self) -> bool:
+        return self.feed_to < len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    steps: list[SeqStep] = field(default_factory=list)
+    # the adaptive controller's choice for this step (True also when there is no controller)
+    speculate: bool = True
+
+    @property
+    def decodes(self) -> list[SeqStep]:
+        return [s for s in self.steps if not s.is_prompt_chunk]
+
+
+@dataclass(frozen=True)
+class SeqResult:
+    seq_id: int
+    # accepted drafts, then the target's own token; empty for a prompt chunk or on error
+    new_token_ids: list[int] = field(default_factory=list)
+    num_drafted: int = 0
+    num_accepted: int = 0
+    # how many of the sequence's tokens the runner's caches hold after the step (its one count of
+    # them: the scheduler stores it as the sequence's ``num_computed``)
+    num_computed: int = 0
+    # set when this sequence failed on its own (alone, after its batch failed): it ends with it
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    results: dict[int, SeqResult] = field(default_factory=dict)
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    # the batched round failed and was rerun one sequence at a time: its timing says nothing about
+    # the batch size, so the adaptive controller does not learn from it
+    isolated: bool = False
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    """One KV pool's blocks (the target's, a draft model's)."""
+
+    total_blocks: int
+    used_blocks: int
+    block_size: int
+
+    @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.used_blocks
