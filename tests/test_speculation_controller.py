@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tiny import model_drafter, run_to_completion, tiny_engine, tiny_scheduler, tokens_of
+from tiny import model_drafter, run_to_completion, spec_engine, tiny_engine, tokens_of
 from trispec.request import GenerationRequest
 from trispec.speculation import SpeculationController, batch_bucket
 
@@ -55,19 +55,41 @@ class Alternating(SpeculationController):
         return self.n % 2 == 0
 
 
+class AlwaysPlain(SpeculationController):
+    def choose(self, batch_size: int) -> bool:
+        return False
+
+
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [1, 2, 3]]
+
+
+def run(controller: SpeculationController | None, **request: object) -> list[list]:
+    llm = spec_engine(tiny_engine(0), model_drafter(0, dtype="bfloat16"), adaptive_speculation=False)
+    llm.scheduler.controller = controller
+    ids = [
+        llm.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=30, num_draft_tokens=4, **request))  # type: ignore[arg-type]
+        for p in PROMPTS
+    ]
+    outputs = run_to_completion(llm)
+    return [outputs[i] for i in ids]
+
+
 def test_switching_arms_mid_request_keeps_the_output() -> None:
-    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [1, 2, 3]]
+    switched = run(Alternating())
+    assert [tokens_of(o) for o in switched] == [tokens_of(o) for o in run(None)]
+    for outputs in switched:
+        stats = outputs[-1].stats
+        # both arms really ran: rounds with drafts and plain rounds
+        assert 0 < stats.drafts < stats.rounds
 
-    def run(controller: SpeculationController | None) -> list[list[int]]:
-        scheduler = tiny_scheduler(
-            tiny_engine(0), model_drafter(0, dtype="bfloat16"), adaptive_speculation=False
-        )
-        scheduler.controller = controller
-        ids = [
-            scheduler.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=30, num_draft_tokens=4))
-            for p in prompts
-        ]
-        outputs = run_to_completion(scheduler)
-        return [tokens_of(outputs[i]) for i in ids]
 
-    assert run(Alternating()) == run(None)
+def test_plain_choice_makes_plain_steps_except_for_seeded_requests() -> None:
+    plain = run(AlwaysPlain())
+    assert [tokens_of(o) for o in plain] == [tokens_of(o) for o in run(None)]
+    for outputs in plain:
+        stats = outputs[-1].stats
+        assert stats.draft_tokens == 0 and stats.rounds == 30  # one token per plain round
+    # a seeded sampled request drafts its own k whatever the controller says (its draws depend on k)
+    seeded = run(AlwaysPlain(), temperature=0.8, seed=5)
+    assert all(outputs[-1].stats.draft_tokens > 0 for outputs in seeded)
+    assert [tokens_of(o) for o in seeded] == [tokens_of(o) for o in run(None, temperature=0.8, seed=5)]
