@@ -7,6 +7,7 @@ generated from this, never kept by hand in a second place.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -106,9 +107,67 @@ class SchedulerConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    """Which runner executes the draft-verify step: ``torch`` (our PyTorch engine, any machine)."""
+    """Which runner executes the draft-verify step: ``torch`` (our PyTorch engine, any machine) or
+    ``trtllm`` (TensorRT-LLM 1.2.x engines on NVIDIA GPUs, the ``trtllm`` section)."""
 
-    kind: Literal["torch"] = "torch"
+    kind: Literal["torch", "trtllm"] = "torch"
+
+
+class KVCacheBudget(_Strict):
+    """One KV-cache budget for the draft and target executors together: ``gib`` GiB, or a fraction
+    of the GPU memory that is free when the executors start. Split so both hold the same tokens."""
+
+    gib: float | None = Field(None, gt=0)
+    gpu_fraction: float | None = Field(None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _one(self) -> KVCacheBudget:
+        if (self.gib is None) == (self.gpu_fraction is None):
+            raise ValueError("give exactly one of 'gib' or 'gpu_fraction'")
+        return self
+
+
+class TrtllmConfig(_Strict):
+    """TensorRT-LLM engines: how ``specdec-build`` converts and builds them, and how they are served."""
+
+    dtype: Literal["float16", "bfloat16", "float32"] = "bfloat16"
+    tp_size: int = Field(1, ge=1)
+    max_batch_size: int = Field(8, ge=1)
+    max_input_len: int = Field(2048, ge=1)
+    max_seq_len: int = Field(4096, ge=2)
+    # the target engine accepts up to this many external draft tokens per request
+    max_draft_len: int = Field(8, ge=1, le=64)
+    # weight-only quantisation of both engines (a self-draft is always int8)
+    weight_only: Literal["int8", "int4"] | None = None
+    # TensorRT-LLM's examples folder (convert_checkpoint.py lives under models/core/<arch>/)
+    examples_dir: Path = Path("/app/tensorrt_llm/examples")
+    # where specdec-build writes hf/, checkpoints/, engines/, logs/, the plan and the LLM-API files
+    engines_dir: Path = Path("engines")
+    # engines built elsewhere (default: engines_dir/engines/{target,draft})
+    target_engine: Path | None = None
+    draft_engine: Path | None = None
+    gpu_ids: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    kv_cache: KVCacheBudget = KVCacheBudget(gpu_fraction=0.85)
+    # sampled requests: false (default) = TensorRT-LLM accepts a draft token when the target's own
+    # sample equals it (exactly the target's distribution); true = it also gets the draft's logits
+    # and applies its own logits-based check (more accepted, but not the lossless rule)
+    draft_logits: bool = False
+
+    @model_validator(mode="after")
+    def _limits(self) -> TrtllmConfig:
+        if self.max_input_len > self.max_seq_len:
+            raise ValueError("max_input_len must be <= max_seq_len")
+        if len(self.gpu_ids) != self.tp_size:
+            raise ValueError(f"gpu_ids names {len(self.gpu_ids)} GPUs, tp_size is {self.tp_size}")
+        return self
+
+    @property
+    def target_engine_dir(self) -> Path:
+        return self.target_engine or self.engines_dir / "engines" / "target"
+
+    @property
+    def draft_engine_dir(self) -> Path:
+        return self.draft_engine or self.engines_dir / "engines" / "draft"
 
 
 class GenerationDefaults(_Strict):
@@ -125,10 +184,40 @@ class SpecDecConfig(_Strict):
     scheduler: SchedulerConfig = SchedulerConfig()
     defaults: GenerationDefaults = GenerationDefaults()
     num_threads: int | None = Field(None, ge=1)
+    trtllm: TrtllmConfig | None = None
+
+    @model_validator(mode="after")
+    def _trtllm(self) -> SpecDecConfig:
+        # cross-section checks: raised as ConfigError so that the message names the key
+        if self.engine.kind != "trtllm":
+            return self
+        trt = self.trtllm or TrtllmConfig()
+        if self.drafter.kind == "self" and self.drafter.precision != "int8":
+            raise ConfigError(
+                "drafter.precision",
+                "with engine.kind trtllm a self-draft is the target engine built int8 weight-only: use int8",
+            )
+        if self.scheduler.max_num_draft_tokens > trt.max_draft_len:
+            raise ConfigError(
+                "scheduler.max_num_draft_tokens",
+                f"{self.scheduler.max_num_draft_tokens} exceeds trtllm.max_draft_len ({trt.max_draft_len}), "
+                "the most the target engine accepts",
+            )
+        if self.scheduler.max_context is not None and self.scheduler.max_context > trt.max_seq_len:
+            raise ConfigError(
+                "scheduler.max_context",
+                f"{self.scheduler.max_context} exceeds trtllm.max_seq_len ({trt.max_seq_len})",
+            )
+        if self.trtllm is None:
+            object.__setattr__(self, "trtllm", trt)
+        return self
 
 
 def _first_error(exc: ValidationError) -> ConfigError:
     err = exc.errors()[0]
+    raised = err.get("ctx", {}).get("error")
+    if isinstance(raised, ConfigError):  # a cross-section check that names its own key
+        return raised
     loc = ".".join(str(p) for p in err["loc"]) or "config"
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
@@ -173,7 +262,24 @@ def _relative_to(config: SpecDecConfig, base: Path) -> SpecDecConfig:
             updates["tokenizer"] = base / model.tokenizer
         return model.model_copy(update=updates) if updates else model
 
+    def fix_path(path: Path | None) -> Path | None:
+        # absolute and normalised: these paths end up in printed commands and the plan file
+        return (
+            path if path is None or path.is_absolute() else Path(os.path.normpath((base / path).absolute()))
+        )
+
     drafter = config.drafter
     if drafter.model is not None:
         drafter = drafter.model_copy(update={"model": fix(drafter.model)})
-    return config.model_copy(update={"target": fix(config.target), "drafter": drafter})
+    updates: dict[str, object] = {"target": fix(config.target), "drafter": drafter}
+    if config.trtllm is not None:
+        trt = config.trtllm
+        updates["trtllm"] = trt.model_copy(
+            update={
+                "engines_dir": fix_path(trt.engines_dir),
+                "examples_dir": fix_path(trt.examples_dir),
+                "target_engine": fix_path(trt.target_engine),
+                "draft_engine": fix_path(trt.draft_engine),
+            }
+        )
+    return config.model_copy(update=updates)

@@ -13,4 +13,8 @@ def build_runner(config: SpecDecConfig) -> SpecRunner:
         from trispec.runners.torch_runner import TorchSpecRunner
 
         return TorchSpecRunner.from_config(config)
+    if kind == "trtllm":
+        from trispec.runners.trtllm_runner import TrtllmSpecRunner
+
+        return TrtllmSpecRunner.from_config(config)
     raise ConfigError("engine.kind", f"unknown engine kind {kind!r}")
