@@ -30,6 +30,10 @@ def _tensor(spec: TensorSpec, is_input: bool) -> str:
     return "  {\n" + "\n".join(lines) + "\n  }"
 
 
+def _parameter(key: str, value: str) -> str:
+    return f'parameters: {{\n  key: "{key}"\n  value: {{\n    string_value: "{value}"\n  }}\n}}\n'
+
+
 def render_config_pbtxt(config_path: Path | None) -> str:
     """config.pbtxt for the config at ``config_path`` (None: the built-in default)."""
     config = load_config(config_path)  # validated here, so a bad YAML never reaches the server
@@ -39,8 +43,28 @@ def render_config_pbtxt(config_path: Path | None) -> str:
         drafter += f" ({config.drafter.precision})"
     inputs = ",\n".join(_tensor(s, True) for s in INPUTS)
     outputs = ",\n".join(_tensor(s, False) for s in OUTPUTS)
+    # the model reads everything from the YAML; with TensorRT-LLM the engines, GPUs and KV budget are
+    # also shown as parameters (what Triton's model-config API reports), derived from the same YAML
+    parameters = _parameter(CONFIG_PARAMETER, source)
+    # CPU: the engine runs in the stub's process; TensorRT-LLM: the model places its two executors
+    # on trtllm.gpu_ids itself, so Triton must not make an instance per GPU
+    kind = "KIND_CPU"
+    engine = "torch engine"
+    trt = config.trtllm if config.engine.kind == "trtllm" else None
+    if trt is not None:
+        kind, engine = "KIND_MODEL", "TensorRT-LLM engines"
+        budget = (
+            f"{trt.kv_cache.gib} GiB"
+            if trt.kv_cache.gib is not None
+            else f"{trt.kv_cache.gpu_fraction} of free"
+        )
+        draft_engine = str(trt.draft_engine_dir) if config.drafter.kind in ("model", "self") else ""
+        parameters += _parameter("trtllm_target_engine", str(trt.target_engine_dir))
+        parameters += _parameter("trtllm_draft_engine", draft_engine)
+        parameters += _parameter("gpu_device_ids", ",".join(map(str, trt.gpu_ids)))
+        parameters += _parameter("kv_cache_budget", budget)
     return f"""{GENERATED_HEADER}
-# config: {source or "built-in default"}; drafter: {drafter};
+# config: {source or "built-in default"}; {engine}; drafter: {drafter};
 # in-flight batch of up to {config.scheduler.max_batch_size} sequences, all batched inside the model.
 name: "{MODEL_NAME}"
 backend: "python"
@@ -62,17 +86,11 @@ output [
 instance_group [
   {{
     count: 1
-    kind: KIND_CPU
+    kind: {kind}
   }}
 ]
 
-parameters: {{
-  key: "{CONFIG_PARAMETER}"
-  value: {{
-    string_value: "{source}"
-  }}
-}}
-"""
+{parameters}"""
 
 
 def prepare_model_repository(config_path: Path | None, repository: Path) -> None:

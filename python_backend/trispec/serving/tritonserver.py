@@ -37,6 +37,8 @@ SHM_DIR = Path("/dev/shm")
 # Every shm prefix starts with this and the launching pid, so leftovers of a dead launcher are
 # recognisable (see remove_stale_shm).
 SHM_PREFIX_ROOT = "specdec_"
+# a tritonserver install tree to use instead of the wheel's (NVIDIA's images: /opt/tritonserver)
+SERVER_ROOT_ENV = "SPECDEC_TRITONSERVER_ROOT"
 _launch_counter = itertools.count()
 # logged as an error at every start on a machine without a GPU; harmless
 _NOISE = "CudaDriverHelper has not been initialized"
@@ -57,6 +59,11 @@ class TritonInstallation:
 
     @classmethod
     def locate(cls) -> TritonInstallation:
+        """The server in ``$SPECDEC_TRITONSERVER_ROOT`` (e.g. ``/opt/tritonserver`` in NVIDIA's Triton
+        images, where the GPU build lives), else the one inside the nvidia-pytriton wheel."""
+        root = os.environ.get(SERVER_ROOT_ENV)
+        if root:
+            return cls.from_root(Path(root))
         spec = importlib.util.find_spec("pytriton")
         if spec is None or not spec.submodule_search_locations:
             raise TritonServerError("the nvidia-pytriton wheel is not installed (it carries tritonserver)")
@@ -72,6 +79,22 @@ class TritonInstallation:
         for path in (found.binary, found.python_backend / "libtriton_python.so", found.stub, found.libs):
             if not path.exists():
                 raise TritonServerError(f"{path} is missing from the nvidia-pytriton wheel, Python {version}")
+        return found
+
+    @classmethod
+    def from_root(cls, root: Path) -> TritonInstallation:
+        """A tritonserver install tree: ``bin/tritonserver``, ``backends/python/`` (the backend and its
+        stub side by side) and ``lib/``."""
+        python = root / "backends" / "python"
+        found = cls(
+            binary=root / "bin" / "tritonserver",
+            python_backend=python,
+            stub=python / STUB_NAME,
+            libs=root / "lib",
+        )
+        for path in (found.binary, python / "libtriton_python.so", found.stub):
+            if not path.exists():
+                raise TritonServerError(f"{path} is missing (${SERVER_ROOT_ENV}={root})")
         return found
 
 
