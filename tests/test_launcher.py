@@ -27,6 +27,7 @@ import pytest
 from trispec.serving import launcher
 from trispec.serving.supervisor import Supervisor, SupervisorPolicy, retry_delay_s
 from trispec.serving.tritonserver import (
+    SERVER_ROOT_ENV,
     SHM_DIR,
     SHM_PREFIX_ROOT,
     ServerOptions,
@@ -247,6 +248,56 @@ def test_server_serves_an_infer_and_stops_cleanly(options: ServerOptions) -> Non
     assert shm_files(server.shm_prefix) == []
     assert not any(s.is_alive() for s in stubs)
     assert not server.is_ready()
+
+
+def system_root_like(install: TritonInstallation, root: Path) -> Path:
+    """An install tree shaped like NVIDIA's /opt/tritonserver, made of links into the wheel."""
+    (root / "bin").mkdir(parents=True)
+    (root / "backends" / "python").mkdir(parents=True)
+    (root / "bin" / "tritonserver").symlink_to(install.binary)
+    for source in (
+        install.python_backend / "libtriton_python.so",
+        install.python_backend / "triton_python_backend_utils.py",
+        install.stub,
+    ):
+        (root / "backends" / "python" / source.name).symlink_to(source)
+    (root / "lib").symlink_to(install.libs)
+    return root
+
+
+def test_a_system_tritonserver_root_is_used_when_named(
+    install: TritonInstallation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = system_root_like(install, tmp_path / "opt-tritonserver")
+    monkeypatch.setenv(SERVER_ROOT_ENV, str(root))
+    found = TritonInstallation.locate()
+    assert (
+        found.binary == root / "bin/tritonserver"
+        and found.stub == root / "backends/python" / install.stub.name
+    )
+    assert found.libs == root / "lib"
+    monkeypatch.setenv(SERVER_ROOT_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(TritonServerError, match="SPECDEC_TRITONSERVER_ROOT"):
+        TritonInstallation.locate()
+
+
+@pytest.mark.server
+def test_server_from_a_system_root_serves(
+    install: TritonInstallation, options: ServerOptions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tritonclient.http as httpclient
+
+    monkeypatch.setenv(SERVER_ROOT_ENV, str(system_root_like(install, tmp_path / "root")))
+    server = TritonServer(options)
+    assert server.install.binary.parent.parent == tmp_path / "root"
+    server.start()
+    try:
+        assert server.wait_ready(60)
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{options.http_port}", network_timeout=10)
+        assert client.is_model_ready("echo")
+        client.close()
+    finally:
+        assert server.stop() == 0
 
 
 def add_broken_model(repository: Path) -> None:

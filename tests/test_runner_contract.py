@@ -15,9 +15,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-from tiny import FaultyEngine, byte_tokenizer, reference_greedy, tiny_engine, tokens_of
+from tiny import TINY_VOCAB, FaultyEngine, byte_tokenizer, reference_greedy, tiny_engine, tokens_of
 from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.model_drafter import ModelDrafter
@@ -46,12 +47,51 @@ def torch_runner() -> Built:
     return Built(TorchSpecRunner(target, drafter), poisoned)  # type: ignore[arg-type]
 
 
-RUNNERS: dict[str, Callable[[], Built]] = {"torch": torch_runner}
+def trtllm_runner(tmp: Path, ngram: bool = False) -> Built:
+    """The TensorRT-LLM runner over the contract stand-in of its executor bindings (trtllm_standin):
+    target = the same tiny model as ``tiny_engine(0)``, draft = seed 7 (or n-gram lookup, no draft
+    engine)."""
+    from trispec.drafters.ngram import NgramDrafter
+    from trispec.runners.trtllm_engines import read_engine
+    from trispec.runners.trtllm_executor import TrtllmExecutor
+    from trispec.runners.trtllm_runner import TrtllmSpecRunner
+    from trtllm_standin import Executor, write_engine
+
+    poisoned: set[int] = set()
+    Executor.poisoned = poisoned
+    target_dir = write_engine(tmp / "target", vocab_size=TINY_VOCAB, seed=0, spec_mode=2, max_draft_len=8)
+    target = TrtllmExecutor(target_dir, kv_cache_tokens=4096)
+    if ngram:
+        runner = TrtllmSpecRunner(
+            target,
+            read_engine(target_dir),
+            drafter=NgramDrafter(TINY_VOCAB),
+            kv_tokens=4096,
+            num_draft_tokens=8,
+        )
+        return Built(runner, poisoned)  # type: ignore[arg-type]
+    draft_dir = write_engine(tmp / "draft", vocab_size=TINY_VOCAB, seed=7)
+    runner = TrtllmSpecRunner(
+        target,
+        read_engine(target_dir),
+        draft=TrtllmExecutor(draft_dir, kv_cache_tokens=4096),
+        draft_info=read_engine(draft_dir),
+        kv_tokens=4096,
+        num_draft_tokens=8,
+    )
+    return Built(runner, poisoned)  # type: ignore[arg-type]
+
+
+RUNNERS: dict[str, Callable[[Path], Built]] = {
+    "torch": lambda tmp: torch_runner(),
+    "trtllm": trtllm_runner,
+    "trtllm-ngram": lambda tmp: trtllm_runner(tmp, ngram=True),
+}
 
 
 @pytest.fixture(params=list(RUNNERS))
-def built(request: pytest.FixtureRequest) -> Built:
-    return RUNNERS[request.param]()
+def built(request: pytest.FixtureRequest, tmp_path: Path, trtllm_bindings: object) -> Built:
+    return RUNNERS[request.param](tmp_path)
 
 
 def engine_for(built: Built, **config: object) -> LLMEngine:
@@ -103,6 +143,7 @@ def test_greedy_equals_target_only_over_a_ragged_batch(built: Built, k: int) -> 
         assert tokens_of(outputs[rid]) == reference_greedy(prompt, MAX_TOKENS), (k, len(prompt))
     if k:
         assert llm.stats.draft_tokens > 0 and llm.stats.accepted_tokens < llm.stats.draft_tokens
+        assert llm.stats.accepted_tokens > 0
 
 
 def test_caches_hold_exactly_the_computed_tokens_after_every_step(built: Built) -> None:

@@ -1,0 +1,35 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture
+def trtllm_bindings() -> Iterator[object]:
+    """Install the contract stand-in as ``tensorrt_llm.bindings.executor`` for one test (the real
+    package cannot be installed here); removed afterwards so nothing else sees it."""
+    import types
+
+    import trtllm_standin
+
+    names = ["tensorrt_llm", "tensorrt_llm.bindings", "tensorrt_llm.bindings.executor"]
+    saved = {name: sys.modules.get(name) for name in names}
+    package, sub = types.ModuleType("tensorrt_llm"), types.ModuleType("tensorrt_llm.bindings")
+    package.bindings = sub  # type: ignore[attr-defined]
+    sub.executor = trtllm_standin  # type: ignore[attr-defined]
+    sys.modules.update({names[0]: package, names[1]: sub, names[2]: trtllm_standin})
+    trtllm_standin.Executor.enqueued.clear()
+    trtllm_standin.Executor.stalled = False
+    trtllm_standin.Executor.poisoned = set()
+    try:
+        yield trtllm_standin
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
