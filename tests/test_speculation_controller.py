@@ -1,69 +1,139 @@
-"""The adaptive speculation controller, with hand-made timings."""
+"""Adaptive k: the goodput choice on hand-made acceptance and cost tables, the online estimates
+behind it, and that whatever it chooses the output stays the target's."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
+
+import pytest
 from tiny import model_drafter, run_to_completion, spec_engine, tiny_engine, tokens_of
 from trispec.request import GenerationRequest
-from trispec.speculation import SpeculationController, batch_bucket
+from trispec.speculation import GoodputController, StepCost, choose_ks, expected_tokens
 
 
-def drive(controller: SpeculationController, batch: int, rates: dict[bool, float], steps: int) -> list[bool]:
-    choices = []
+# -- the pure choice --------------------------------------------------------------------------------
+def test_expected_tokens() -> None:
+    assert expected_tokens([0.5], 0) == 1.0
+    assert expected_tokens([0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens([1.0, 0.5, 0.0], 4) == pytest.approx(1 + 1 + 0.5 + 0 + 0)
+    assert expected_tokens([], 4) == 1.0
+
+
+# memory-bound target (rows nearly free), a cheap draft: drafting pays
+CHEAP = StepCost(target_base_s=0.030, target_row_s=0.0005, draft_pass_s=0.003, draft_seq_s=0.0002)
+
+
+def test_cheap_draft_and_high_acceptance_draft_the_most() -> None:
+    assert choose_ks([[0.9]], [8], CHEAP) == [8]
+    assert choose_ks([[0.9]] * 4, [4] * 4, CHEAP) == [4] * 4
+
+
+def test_when_drafting_never_pays_k_is_zero_everywhere() -> None:
+    # a draft pass as slow as a target pass, and rows that cost a lot (compute-bound verify)
+    never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
+    rng = random.Random(0)
+    for batch in (1, 2, 8, 32):
+        accepts = [[rng.uniform(0.0, 0.95)] for _ in range(batch)]
+        assert choose_ks(accepts, [8] * batch, never) == [0] * batch
+    assert choose_ks([[0.0]] * 3, [4] * 3, CHEAP) == [0, 0, 0]  # nothing is ever accepted
+
+
+def test_k_is_per_request() -> None:
+    # the same step: the copying request drafts, the one whose drafts are always rejected does not
+    ks = choose_ks([[0.95], [0.05], [0.9]], [6, 6, 6], CHEAP)
+    assert ks[1] == 0 and ks[0] > 0 and ks[2] > 0
+    assert choose_ks([[0.95], [0.05]], [2, 6], CHEAP) == [2, 0]  # never above the request's own k
+
+
+def test_compute_bound_batches_draft_less() -> None:
+    # on a CPU the verify pass grows with rows: at 1 sequence drafting pays, at 32 it does not
+    cpu = StepCost(target_base_s=0.020, target_row_s=0.002, draft_pass_s=0.004, draft_seq_s=0.0015)
+    assert choose_ks([[0.8]], [4], cpu)[0] > 0
+    assert choose_ks([[0.8]] * 32, [4] * 32, cpu) == [0] * 32
+
+
+def test_shared_draft_passes_are_not_a_trap() -> None:
+    # one sequence alone would not pay for a draft pass; all of them together do
+    shared = StepCost(target_base_s=0.030, target_row_s=0.0001, draft_pass_s=0.012, draft_seq_s=0.0)
+    assert choose_ks([[0.2]], [2], shared) == [0]
+    assert all(k > 0 for k in choose_ks([[0.8]] * 16, [4] * 16, shared))
+
+
+# -- the online estimates -----------------------------------------------------------------------------
+def drive(controller: GoodputController, truth: StepCost, accept: float, batch: int, steps: int) -> list[int]:
+    """Run ``steps`` decisions for a fixed batch whose drafts are accepted with rate ``accept``, timing
+    each step by ``truth``; returns the k chosen for sequence 0 at each step."""
+    rng = random.Random(1)
+    ids = list(range(batch))
+    chosen = []
     for _ in range(steps):
-        arm = controller.choose(batch)
-        choices.append(arm)
-        controller.record(batch, arm, tokens=int(rates[arm] * 10), seconds=10.0)
-    return choices
+        ks = controller.choose(ids, [4] * batch)
+        chosen.append(ks[0])
+        for seq_id, k in zip(ids, ks):
+            accepted = 0
+            while accepted < k and rng.random() < accept:
+                accepted += 1
+            controller.record_round(seq_id, k, accepted)
+        passes_s = truth.draft_pass_s * max(ks) + truth.draft_seq_s * sum(ks)
+        controller.record_step(
+            ks, passes_s, truth.target_base_s + truth.target_row_s * sum(k + 1 for k in ks)
+        )
+    return chosen
 
 
-def test_buckets() -> None:
-    assert [batch_bucket(b) for b in (1, 2, 3, 4, 7, 8, 31, 32)] == [0, 1, 1, 2, 2, 3, 4, 5]
+def test_the_cost_model_is_learned_from_step_timings() -> None:
+    controller = GoodputController()
+    drive(controller, CHEAP, accept=0.8, batch=4, steps=40)
+    assert controller.cost is not None
+    assert controller.cost.target_base_s == pytest.approx(CHEAP.target_base_s, rel=0.05)
+    assert controller.cost.target_row_s == pytest.approx(CHEAP.target_row_s, rel=0.2)
+    assert controller.acceptance(0)[0] == pytest.approx(0.8, abs=0.1)
 
 
-def test_picks_the_faster_arm_per_batch_size_and_keeps_exploring() -> None:
-    controller = SpeculationController(warmup_steps=3, explore_every=10)
-    # small batches: speculation is faster; large batches: plain is faster
-    small = drive(controller, 1, {True: 30.0, False: 20.0}, 100)
-    large = drive(controller, 16, {True: 40.0, False: 90.0}, 100)
-    assert small[:3] == [True] * 3 and large[:3] == [True] * 3  # warm-up tries speculation first
-    assert small[3:6] == [False] * 3 and large[3:6] == [False] * 3
-    assert sum(small[6:]) > 80
-    # speculation lost by more than 1.5x at batch 16: it is re-tried only every 4 x 10 steps
-    assert 1 <= sum(large[6:]) <= 3
-    assert not all(small[6:]) and any(large[6:])  # the other arm is still tried now and then
-    snapshot = controller.snapshot()
-    assert snapshot[1]["speculative"] > snapshot[1]["plain"]
-    assert snapshot[16]["plain"] > snapshot[16]["speculative"]
+def test_it_drafts_when_it_pays_and_stops_when_it_does_not() -> None:
+    pays = drive(GoodputController(), CHEAP, accept=0.85, batch=2, steps=100)
+    assert sum(k > 0 for k in pays[20:]) >= 75
+    never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
+    loses = drive(GoodputController(explore_every=32), never, accept=0.85, batch=8, steps=200)
+    assert sum(k > 0 for k in loses[20:]) <= 180 // 32 + 1  # only the exploration steps draft
 
 
-def test_follows_a_change() -> None:
-    controller = SpeculationController(warmup_steps=2, explore_every=5, smoothing=0.5)
-    drive(controller, 4, {True: 50.0, False: 20.0}, 40)
-    later = drive(controller, 4, {True: 10.0, False: 20.0}, 60)
-    assert sum(later[-20:]) <= 5
+def test_a_new_request_starts_from_the_global_rate() -> None:
+    controller = GoodputController(prior_strength=3.0)
+    for _ in range(50):
+        controller.record_round(1, 4, 4)  # request 1 accepts everything
+    assert controller.acceptance(1)[0] > 0.9
+    assert controller.acceptance(2)[0] > 0.9  # a new request inherits the global rate
+    for _ in range(50):
+        controller.record_round(2, 4, 0)  # ... until its own rounds say otherwise
+    assert controller.acceptance(2)[0] < 0.1
+    controller.forget(2)
+    assert 2 not in controller._requests
 
 
-class Alternating(SpeculationController):
-    """Forces a plain step every other step: exactness must not depend on the choice."""
+# -- through the scheduler: the choice never changes the output ----------------------------------------
+class Alternating(GoodputController):
+    """Plain every other step: exactness must not depend on the choice."""
 
     def __init__(self) -> None:
         super().__init__()
         self.n = 0
 
-    def choose(self, batch_size: int) -> bool:
+    def choose(self, seq_ids: Sequence[int], max_ks: Sequence[int]) -> list[int]:
         self.n += 1
-        return self.n % 2 == 0
+        return list(max_ks) if self.n % 2 else [0] * len(max_ks)
 
 
-class AlwaysPlain(SpeculationController):
-    def choose(self, batch_size: int) -> bool:
-        return False
+class AlwaysPlain(GoodputController):
+    def choose(self, seq_ids: Sequence[int], max_ks: Sequence[int]) -> list[int]:
+        return [0] * len(max_ks)
 
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [1, 2, 3]]
 
 
-def run(controller: SpeculationController | None, **request: object) -> list[list]:
+def run(controller: GoodputController | None, **request: object) -> list[list]:
     llm = spec_engine(tiny_engine(0), model_drafter(0, dtype="bfloat16"), adaptive_speculation=False)
     llm.scheduler.controller = controller
     ids = [
@@ -74,13 +144,12 @@ def run(controller: SpeculationController | None, **request: object) -> list[lis
     return [outputs[i] for i in ids]
 
 
-def test_switching_arms_mid_request_keeps_the_output() -> None:
+def test_switching_between_drafting_and_plain_mid_request_keeps_the_output() -> None:
     switched = run(Alternating())
     assert [tokens_of(o) for o in switched] == [tokens_of(o) for o in run(None)]
     for outputs in switched:
         stats = outputs[-1].stats
-        # both arms really ran: rounds with drafts and plain rounds
-        assert 0 < stats.drafts < stats.rounds
+        assert 0 < stats.drafts < stats.rounds  # both kinds of step really ran
 
 
 def test_plain_choice_makes_plain_steps_except_for_seeded_requests() -> None:
@@ -93,3 +162,8 @@ def test_plain_choice_makes_plain_steps_except_for_seeded_requests() -> None:
     seeded = run(AlwaysPlain(), temperature=0.8, seed=5)
     assert all(outputs[-1].stats.draft_tokens > 0 for outputs in seeded)
     assert [tokens_of(o) for o in seeded] == [tokens_of(o) for o in run(None, temperature=0.8, seed=5)]
+
+
+def test_the_real_controller_keeps_the_output() -> None:
+    adaptive = run(GoodputController(warmup_steps=2, explore_every=3))
+    assert [tokens_of(o) for o in adaptive] == [tokens_of(o) for o in run(None)]

@@ -25,7 +25,7 @@ from trispec.errors import InvalidInputError
 from trispec.request import GenerationRequest, Limits, validate_request
 from trispec.runners.base import SpecRunner
 from trispec.sequence import FinishReason, Sequence
-from trispec.speculation import SpeculationController
+from trispec.speculation import GoodputController
 from trispec.stats import AcceptanceStats, EngineStats
 from trispec.step import SeqResult, SeqStep, StepPlan, StepResult
 
@@ -71,9 +71,7 @@ class Scheduler:
             vocab_size=runner.vocab_size,
         )
         self.stats = EngineStats()
-        self.controller = (
-            SpeculationController() if config.adaptive_speculation and runner.can_draft else None
-        )
+        self.controller = GoodputController() if config.adaptive_speculation and runner.can_draft else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._ids = itertools.count()
@@ -136,25 +134,34 @@ class Scheduler:
                 self.stats.prefill_tokens += budget
                 steps.append(self._step(seq, seq.num_computed + budget, 0))
                 budget = 0
-        decodes = [s for s in steps if not s.is_prompt_chunk]
-        speculate = bool(decodes) and (self.controller is None or self.controller.choose(len(decodes)))
-        if not speculate:
-            # a seeded sampled request always drafts its own k: its random draws, hence its output,
-            # depend on k, and the seed promises the same output on every run
-            steps = [
-                s if s.is_prompt_chunk or self._seq(s.seq_id).seeded_sampling else self._plain(s)
-                for s in steps
-            ]
-        return StepPlan(steps, speculate)
+        return StepPlan(self._choose_ks(steps))
+
+    def _choose_ks(self, steps: list[SeqStep]) -> list[SeqStep]:
+        """The adaptive controller's k for each decode step (at most the request's own). A seeded
+        sampled request always drafts its own k: its random draws, hence its output, depend on k,
+        and the seed promises the same output on every run."""
+        if self.controller is None:
+            return steps
+        free = [
+            i
+            for i, s in enumerate(steps)
+            if not s.is_prompt_chunk and not self._seq(s.seq_id).seeded_sampling
+        ]
+        if not free:
+            return steps
+        ks = self.controller.choose(
+            [steps[i].seq_id for i in free], [steps[i].num_draft_tokens for i in free]
+        )
+        steps = list(steps)
+        for i, k in zip(free, ks):
+            s = steps[i]
+            steps[i] = SeqStep(s.seq_id, s.token_ids, s.num_computed, s.feed_to, k, s.sampling)
+        return steps
 
     def _step(self, seq: Sequence, feed_to: int, k: int) -> SeqStep:
         # never draft past max_tokens: the last round needs room for the target's own token
         k = min(k, seq.remaining_tokens - 1) if seq.drafts else 0
         return SeqStep(seq.seq_id, seq.token_ids, seq.num_computed, feed_to, max(k, 0), seq.sampling)
-
-    @staticmethod
-    def _plain(step: SeqStep) -> SeqStep:
-        return SeqStep(step.seq_id, step.token_ids, step.num_computed, step.feed_to, 0, step.sampling)
 
     def _take_inbox(self) -> None:
         with self._lock:
@@ -211,17 +218,21 @@ class Scheduler:
         return outputs
 
     def _learn(self, plan: StepPlan, result: StepResult) -> None:
-        """Feed the adaptive controller the throughput of pure decode steps (prompt work, or a
-        round that failed and was rerun one by one, would blur the comparison)."""
+        """Feed the adaptive controller each round's acceptance, and the timing of pure decode steps
+        (prompt work, or a round rerun one sequence at a time, would blur the cost model)."""
+        if self.controller is None:
+            return
         decodes = plan.decodes
-        if self.controller is None or not decodes or result.isolated or len(decodes) != len(plan.steps):
+        for s in decodes:
+            r = result.results[s.seq_id]
+            if r.error is None:
+                self.controller.record_round(s.seq_id, r.num_drafted, r.num_accepted)
+        if not decodes or result.isolated or len(decodes) != len(plan.steps):
             return
         if any(len(s.token_ids) - s.num_computed != 1 for s in decodes):
             return
-        emitted = sum(len(result.results[s.seq_id].new_token_ids) for s in decodes)
-        self.controller.record(
-            len(decodes), plan.speculate, emitted, result.draft_time_s + result.verify_time_s
-        )
+        ks = [result.results[s.seq_id].num_drafted for s in decodes]
+        self.controller.record_step(ks, result.draft_time_s, result.verify_time_s)
 
     def _apply(self, seq: Sequence, result: SeqResult) -> RequestOutput:
         """Account, emit and finish one sequence after its verify."""
@@ -256,6 +267,8 @@ class Scheduler:
         for seq in self.running:
             if seq.finished:
                 self.runner.free(seq.seq_id)
+                if self.controller is not None:
+                    self.controller.forget(seq.seq_id)
                 self.stats.requests_finished += 1
         self.running = [s for s in self.running if not s.finished]
 

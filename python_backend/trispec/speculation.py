@@ -1,76 +1,233 @@
-"""When to speculate: measured, per batch size.
+"""How many tokens to draft, per request and per step: the measured goodput choice.
 
-Drafting pays off when the target is memory-bound (small batches) and loses when the verify pass
-turns compute-bound (large batches) — the reason peers get slower than plain decoding under load.
-``SpeculationController`` keeps, per batch-size bucket, a moving average of the throughput each arm
-actually delivered (tokens emitted per second of step time) and picks the better arm, trying the
-other now and then (less often when it lost by far) so a change (acceptance drifting, load
-shifting) is noticed. The choice only
-changes speed: the output is the target's either way.
+Drafting k tokens for a request costs k draft positions (shared draft passes) and k more rows in the
+target's verify pass; it pays back the drafts the target accepts. Whether that wins depends on the
+request (code copies more than chat), the batch (a CPU's verify pass turns compute-bound as rows
+grow, the reason peers get slower than plain decoding under load) and the drafter (a model or a
+free n-gram lookup). So both sides are measured while serving:
+
+* acceptance, per request: the conditional rate at which draft position j is accepted when the
+  ones before it were, from the request's own rounds, shrunk towards the rate over all requests;
+* cost, per step: a linear model of the step's time from what it did — target time = a + b x rows
+  (rows = sum of k + 1), draft time = c x passes + d x drafted positions — fitted by least squares
+  over the last steps.
+
+``choose_ks`` (pure, testable with hand-made tables) picks each request's k to maximise expected
+tokens per second of the step; k = 0 everywhere when drafting does not pay. The choice changes speed
+only: the output is the target's either way.
 """
 
 from __future__ import annotations
 
+from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-
-def batch_bucket(batch_size: int) -> int:
-    """Powers of two: 1, 2-3, 4-7, 8-15, ..."""
-    return max(batch_size, 1).bit_length() - 1
+import numpy as np
 
 
-@dataclass
-class _Arm:
-    throughput: float = 0.0  # exponential moving average, tokens per second
-    samples: int = 0
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one step as a function of its plan."""
 
+    target_base_s: float  # a verify pass with no rows (weights read once per pass)
+    target_row_s: float  # per verified row (k + 1 per sequence)
+    draft_pass_s: float = 0.0  # per draft position (one batched draft forward)
+    draft_seq_s: float = 0.0  # per sequence and draft position
 
-@dataclass
-class _Bucket:
-    arms: dict[bool, _Arm] = field(default_factory=lambda: {True: _Arm(), False: _Arm()})
-    steps: int = 0
-
-
-class SpeculationController:
-    """Two arms per bucket: speculate (requested k) or plain (k = 0 for this step)."""
-
-    def __init__(self, warmup_steps: int = 3, explore_every: int = 16, smoothing: float = 0.2) -> None:
-        self.warmup_steps = warmup_steps  # samples of each arm before trusting the averages
-        self.explore_every = explore_every
-        self.smoothing = smoothing
-        self._buckets: dict[int, _Bucket] = {}
-
-    def choose(self, batch_size: int) -> bool:
-        """True: draft this step; False: plain decoding for this step."""
-        bucket = self._buckets.setdefault(batch_bucket(batch_size), _Bucket())
-        bucket.steps += 1
-        spec, plain = bucket.arms[True], bucket.arms[False]
-        # warm up both arms, speculation first
-        if spec.samples < self.warmup_steps:
-            return True
-        if plain.samples < self.warmup_steps:
-            return False
-        best = spec.throughput >= plain.throughput
-        # re-try the other arm now and then; rarely when it lost clearly (each try costs a slow step)
-        high, low = max(spec.throughput, plain.throughput), min(spec.throughput, plain.throughput)
-        interval = self.explore_every * (4 if high > 1.5 * low else 1)
-        if bucket.steps % interval == 0:
-            return not best
-        return best
-
-    def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float) -> None:
-        if seconds <= 0:
-            return
-        arm = self._buckets.setdefault(batch_bucket(batch_size), _Bucket()).arms[speculated]
-        rate = tokens / seconds
-        arm.throughput = (
-            rate if arm.samples == 0 else arm.throughput + self.smoothing * (rate - arm.throughput)
+    def seconds(self, ks: Sequence[int]) -> float:
+        rows = sum(k + 1 for k in ks)
+        return (
+            self.target_base_s
+            + self.target_row_s * rows
+            + self.draft_pass_s * max(ks, default=0)
+            + self.draft_seq_s * sum(ks)
         )
-        arm.samples += 1
 
-    def snapshot(self) -> dict[int, dict[str, float]]:
-        """Per bucket (lower bound of its batch sizes): measured tokens/s of each arm."""
-        return {
-            2**b: {"speculative": v.arms[True].throughput, "plain": v.arms[False].throughput}
-            for b, v in sorted(self._buckets.items())
-        }
+
+def expected_tokens(accept: Sequence[float], k: int) -> float:
+    """Tokens a round emits with k drafts: 1 + sum over j < k of P(drafts 0..j all accepted), where
+    ``accept[j]`` is P(draft j accepted | drafts before it accepted) (the last value repeats)."""
+    total, p = 1.0, 1.0
+    for j in range(k):
+        p *= accept[min(j, len(accept) - 1)] if accept else 0.0
+        total += p
+    return total
+
+
+def choose_ks(accepts: Sequence[Sequence[float]], max_ks: Sequence[int], cost: StepCost) -> list[int]:
+    """Each sequence's k in [0, max_k] maximising (sum of expected tokens) / (step seconds).
+
+    Coordinate ascent: each sequence in turn takes the k that is best given the others', until
+    nothing changes (a few passes; ties keep the smaller k). The step's cost is updated
+    incrementally, so a pass is O(sequences x max k)."""
+    n = len(max_ks)
+    if n == 0:
+        return []
+    gains = [[expected_tokens(accepts[i], k) for k in range(max_ks[i] + 1)] for i in range(n)]
+    # the draft passes are shared, so drafting for one sequence alone can lose where drafting for all
+    # wins: start from the best uniform plan (every sequence at the same k, capped by its max)
+    starts = [[min(k, m) for m in max_ks] for k in range(max(max_ks) + 1)]
+    ks = max(starts, key=lambda plan: sum(g[k] for g, k in zip(gains, plan)) / cost.seconds(plan))
+    counts = Counter(ks)
+    tokens = sum(g[k] for g, k in zip(gains, ks))
+    rows, positions = sum(k + 1 for k in ks), sum(ks)
+    best = tokens / cost.seconds(ks)
+    for _ in range(4):
+        changed = False
+        for i in range(n):
+            current = ks[i]
+            counts[current] -= 1
+            passes_others = max((k for k, c in counts.items() if c > 0), default=0)
+            base_tokens = tokens - gains[i][current]
+            base_rows, base_positions = rows - current - 1, positions - current
+            choice, choice_value = current, best
+            for k in range(max_ks[i] + 1):
+                seconds = (
+                    cost.target_base_s
+                    + cost.target_row_s * (base_rows + k + 1)
+                    + cost.draft_pass_s * max(passes_others, k)
+                    + cost.draft_seq_s * (base_positions + k)
+                )
+                value = (base_tokens + gains[i][k]) / seconds
+                if value > choice_value * (1 + 1e-9) or (k < choice and value >= choice_value):
+                    choice, choice_value = k, value
+            counts[choice] += 1
+            if choice != current:
+                ks[i] = choice
+                tokens, rows, positions = (
+                    base_tokens + gains[i][choice],
+                    base_rows + choice + 1,
+                    base_positions + choice,
+                )
+                best, changed = choice_value, True
+        if not changed:
+            break
+    return ks
+
+
+@dataclass
+class _Acceptance:
+    """Per draft position: rounds that tested it (all earlier drafts accepted) and accepted it."""
+
+    tested: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def record(self, drafted: int, accepted: int, decay: float = 1.0) -> None:
+        tested_positions = min(accepted + 1, drafted)
+        while len(self.tested) < tested_positions:
+            self.tested.append(0.0)
+            self.accepted.append(0.0)
+        if decay < 1.0:
+            self.tested = [t * decay for t in self.tested]
+            self.accepted = [a * decay for a in self.accepted]
+        for j in range(tested_positions):
+            self.tested[j] += 1
+            self.accepted[j] += j < accepted
+
+
+class GoodputController:
+    """Online acceptance and cost estimates feeding ``choose_ks``.
+
+    Warm-up: until the cost model has seen both drafting and plain steps, steps alternate between
+    the requested k and plain. Afterwards one step in ``explore_every`` drafts at the requested k
+    whatever the model says, so that the draft cost stays measured while the model prefers plain
+    (that step may be slower; one in 32 keeps the loss small).
+    """
+
+    def __init__(
+        self,
+        window: int = 64,
+        warmup_steps: int = 6,
+        explore_every: int = 32,
+        prior_rate: float = 0.6,
+        prior_strength: float = 3.0,
+    ) -> None:
+        self.window = window
+        self.warmup_steps = warmup_steps
+        self.explore_every = explore_every
+        self.prior_rate = prior_rate
+        self.prior_strength = prior_strength
+        self._steps: deque[tuple[int, int, int, float, float]] = deque(maxlen=window)
+        self._global = _Acceptance()
+        self._requests: dict[int, _Acceptance] = {}
+        self._decisions = 0
+        self._drafted_steps = 0
+        self._plain_steps = 0
+        self.cost: StepCost | None = None
+
+    # -- choice --------------------------------------------------------------------------------
+    def choose(self, seq_ids: Sequence[int], max_ks: Sequence[int]) -> list[int]:
+        self._decisions += 1
+        if not any(max_ks):
+            return [0] * len(max_ks)
+        warm = self._drafted_steps >= self.warmup_steps and self._plain_steps >= self.warmup_steps
+        if not warm:
+            # drafting first, then plain, until both were seen often enough
+            return list(max_ks) if self._drafted_steps <= self._plain_steps else [0] * len(max_ks)
+        if self._decisions % self.explore_every == 0 or self.cost is None:
+            return list(max_ks)
+        return choose_ks([self.acceptance(i) for i in seq_ids], max_ks, self.cost)
+
+    def acceptance(self, seq_id: int) -> list[float]:
+        """The request's conditional acceptance per position, shrunk towards all requests'."""
+        glob = self._rates(self._global, None)
+        own = self._requests.get(seq_id)
+        return self._rates(own, glob) if own is not None else glob
+
+    def _rates(self, stats: _Acceptance | None, prior: list[float] | None) -> list[float]:
+        positions = max(len(stats.tested) if stats else 0, len(prior) if prior else 0, 1)
+        rates = []
+        for j in range(positions):
+            p = prior[min(j, len(prior) - 1)] if prior else self.prior_rate
+            tested = stats.tested[j] if stats and j < len(stats.tested) else 0.0
+            accepted = stats.accepted[j] if stats and j < len(stats.accepted) else 0.0
+            rates.append((accepted + self.prior_strength * p) / (tested + self.prior_strength))
+        return rates
+
+    # -- measurements --------------------------------------------------------------------------
+    def record_round(self, seq_id: int, drafted: int, accepted: int) -> None:
+        if drafted:
+            self._requests.setdefault(seq_id, _Acceptance()).record(drafted, accepted)
+            self._global.record(drafted, accepted, decay=0.995)  # follows drift in the mix
+
+    def record_step(self, ks: Sequence[int], draft_s: float, verify_s: float) -> None:
+        """A pure decode step (every sequence fed only its pending token) and its timing."""
+        if any(ks):
+            self._drafted_steps += 1
+        else:
+            self._plain_steps += 1
+        self._steps.append((sum(k + 1 for k in ks), max(ks, default=0), sum(ks), draft_s, verify_s))
+        self.cost = self._fit()
+
+    def forget(self, seq_id: int) -> None:
+        self._requests.pop(seq_id, None)
+
+    def _fit(self) -> StepCost | None:
+        if len(self._steps) < 4:
+            return None
+        data = np.array(self._steps, dtype=np.float64)
+        rows, passes, positions, draft_s, verify_s = data.T
+        a, b = _nonneg_lstsq(np.column_stack([np.ones_like(rows), rows]), verify_s)
+        drafted = passes > 0
+        c = d = 0.0
+        if drafted.any():
+            c, d = _nonneg_lstsq(np.column_stack([passes[drafted], positions[drafted]]), draft_s[drafted])
+        return StepCost(a, b, c, d)
+
+
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Two non-negative coefficients by least squares (dropping a column that would go negative, or
+    that the data cannot tell apart from the other)."""
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    if np.all(coef >= 0) and np.linalg.matrix_rank(x) == 2:
+        return float(coef[0]), float(coef[1])
+    fits = []
+    for keep in (0, 1):
+        column = x[:, keep]
+        denom = float(column @ column)
+        value = max(float(column @ y) / denom, 0.0) if denom > 0 else 0.0
+        residual = float(np.sum((y - value * column) ** 2))
+        fits.append((residual, keep, value))
+    _, keep, value = min(fits)
+    return (value, 0.0) if keep == 0 else (0.0, value)

@@ -45,8 +45,6 @@ class SeqStep:
 @dataclass(frozen=True)
 class StepPlan:
     steps: list[SeqStep] = field(default_factory=list)
-    # the adaptive controller's choice for this step (True also when there is no controller)
-    speculate: bool = True
 
     @property
     def decodes(self) -> list[SeqStep]:
