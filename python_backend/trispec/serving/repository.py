@@ -39,8 +39,10 @@ def render_config_pbtxt(config_path: Path | None) -> str:
     config = load_config(config_path)  # validated here, so a bad YAML never reaches the server
     source = str(config_path.resolve()) if config_path is not None else ""
     drafter = config.drafter.kind
-    if drafter == "self":
-        drafter += f" ({config.drafter.precision})"
+    if config.drafter.kind == "self":
+        drafter += f" ({config.drafter.precision or 'bfloat16'})"
+    elif config.drafter.model is not None:
+        drafter += f" ({config.drafter.precision or config.drafter.model.dtype})"
     inputs = ",\n".join(_tensor(s, True) for s in INPUTS)
     outputs = ",\n".join(_tensor(s, False) for s in OUTPUTS)
     # the model reads everything from the YAML; with TensorRT-LLM the engines, GPUs and KV budget are
