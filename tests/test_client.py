@@ -51,8 +51,9 @@ FINAL_EVENT = {
     "verify_rounds": 4,
     "acceptance_rate": 0.75,
     "mean_accepted_length": 3.25,
+    "mean_num_draft_tokens": 3.0,
 }
-STATS = SpeculationStats(12, 9, 4, 0.75, 3.25)
+STATS = SpeculationStats(12, 9, 4, 0.75, 3.25, 3.0)
 
 
 # ---------------------------------------------------------------- request inputs
@@ -805,6 +806,7 @@ def test_cli_json_prints_one_object(fake_client: type[FakeClient]) -> None:
             "verify_rounds": 4,
             "acceptance_rate": 0.75,
             "mean_accepted_length": 3.25,
+            "mean_num_draft_tokens": 3.0,
         },
     }
 

@@ -142,6 +142,7 @@ def test_cli_json_output(checkpoints: Path, capsys: pytest.CaptureFixture[str], 
             "rounds",
             "acceptance_rate",
             "mean_accepted_length",
+            "mean_num_draft_tokens",
             "accepted_per_position",
         }
         stats = line["stats"]

@@ -193,7 +193,13 @@ def grpc_stream(
             if text is not None:
                 result.text += text.reshape(-1)[0].decode()
             if response.get_response().parameters["triton_final_response"].bool_param:
-                for name in ("finish_reason", "draft_tokens", "accepted_tokens", "acceptance_rate"):
+                for name in (
+                    "finish_reason",
+                    "draft_tokens",
+                    "accepted_tokens",
+                    "acceptance_rate",
+                    "mean_num_draft_tokens",
+                ):
                     value = response.as_numpy(name)
                     if value is not None:
                         result.final[name] = value.reshape(-1)[0]
@@ -217,6 +223,8 @@ def test_grpc_and_http_streams_match_specdec_generate(server: Server, k: int) ->
         assert got.text == want, prompt
         assert got.responses > 1
         assert got.final["finish_reason"] in (b"length", b"stop")
+        # the k planned per round: never above the request's, and 0 throughout for plain
+        assert 0 <= got.final["mean_num_draft_tokens"] <= k
         if k == 0:
             assert got.final["draft_tokens"] == 0
     http = SpecDecClient(server.http, protocol="http", timeout_s=120)

@@ -76,6 +76,8 @@ def test_counters_follow_the_totals_and_gauges_the_state() -> None:
     assert value("specdec_verify_steps_total") == 2
     assert value("specdec_max_verify_batch_size") == 2
     assert [value("specdec_accepted_per_position_total", position=str(i)) for i in range(3)] == [2, 1, 1]
+    planned = "specdec_rounds_by_num_draft_tokens_total"
+    assert [value(planned, num_draft_tokens=str(k)) for k in (0, 4)] == [1, 2]
     assert value("specdec_requests_total", finish_reason="cancelled") == 1
     assert value("specdec_kv_blocks_used", pool="target") == 3
     assert value("specdec_kv_blocks_free", pool="target") == 97

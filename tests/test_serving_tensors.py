@@ -106,17 +106,19 @@ def test_table_has_each_name_once_and_documents_ignored_inputs() -> None:
 def test_response_tensors_follow_the_output_table() -> None:
     stats = AcceptanceStats()
     stats.record_round(4, 3)
-    stats.record_round(4, 1)
+    stats.record_round(2, 1)
+    stats.record_round(0, 0, 3)  # planned 3, the drafter found nothing
     plain = response_tensors("héllo", 5)
     final = response_tensors("", 9, "length", stats)
     declared = {s.name for s in OUTPUTS}
     assert set(plain) == {"text_output", "output_token_count"}
     assert set(final) == declared
     assert plain["text_output"].shape == (1, 1) and plain["text_output"][0, 0] == "héllo".encode()
-    assert final["draft_tokens"][0, 0] == 8 and final["accepted_tokens"][0, 0] == 4
-    assert final["verify_rounds"][0, 0] == 2
-    assert final["acceptance_rate"][0, 0] == pytest.approx(0.5)
-    assert final["mean_accepted_length"][0, 0] == pytest.approx(3.0)
+    assert final["draft_tokens"][0, 0] == 6 and final["accepted_tokens"][0, 0] == 4
+    assert final["verify_rounds"][0, 0] == 3
+    assert final["acceptance_rate"][0, 0] == pytest.approx(4 / 6)
+    assert final["mean_accepted_length"][0, 0] == pytest.approx(1 + 4 / 3)
+    assert final["mean_num_draft_tokens"][0, 0] == pytest.approx(3.0)
     assert final["finish_reason"][0, 0] == b"length"
 
 

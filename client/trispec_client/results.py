@@ -8,7 +8,14 @@ from typing import Any
 
 import numpy as np
 
-_STAT_FIELDS = ("draft_tokens", "accepted_tokens", "verify_rounds", "acceptance_rate", "mean_accepted_length")
+_STAT_FIELDS = (
+    "draft_tokens",
+    "accepted_tokens",
+    "verify_rounds",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "mean_num_draft_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -20,6 +27,8 @@ class SpeculationStats:
     verify_rounds: int
     acceptance_rate: float
     mean_accepted_length: float
+    # the mean k planned per round: adaptive speculation's choice (0.0 from servers without it)
+    mean_num_draft_tokens: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,7 @@ def chunk_from_outputs(
             verify_rounds=int(values["verify_rounds"] or 0),
             acceptance_rate=float(values["acceptance_rate"] or 0.0),
             mean_accepted_length=float(values["mean_accepted_length"] or 0.0),
+            mean_num_draft_tokens=float(values["mean_num_draft_tokens"] or 0.0),
         )
     return StreamChunk(
         text="" if text is None else _text(text),

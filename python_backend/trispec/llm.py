@@ -32,7 +32,14 @@ class GenerationResult:
 
     def to_dict(self) -> dict[str, object]:
         stats = self.stats.to_dict()
-        keys = ("draft_tokens", "accepted_tokens", "rounds", "acceptance_rate", "mean_accepted_length")
+        keys = (
+            "draft_tokens",
+            "accepted_tokens",
+            "rounds",
+            "acceptance_rate",
+            "mean_accepted_length",
+            "mean_num_draft_tokens",
+        )
         return {
             "prompt": self.prompt,
             "text": self.text,

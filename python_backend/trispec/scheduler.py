@@ -213,7 +213,7 @@ class Scheduler:
                 continue
             seq.stats.draft_time_s += result.draft_time_s
             seq.stats.verify_time_s += result.verify_time_s
-            outputs.append(self._apply(seq, seq_result))
+            outputs.append(self._apply(seq, seq_result, step.num_draft_tokens))
         self._retire()
         return outputs
 
@@ -234,10 +234,10 @@ class Scheduler:
         ks = [result.results[s.seq_id].num_drafted for s in decodes]
         self.controller.record_step(ks, result.draft_time_s, result.verify_time_s)
 
-    def _apply(self, seq: Sequence, result: SeqResult) -> RequestOutput:
+    def _apply(self, seq: Sequence, result: SeqResult, planned_k: int) -> RequestOutput:
         """Account, emit and finish one sequence after its verify."""
-        seq.stats.record_round(result.num_drafted, result.num_accepted)
-        self.stats.record_round(result.num_drafted, result.num_accepted)
+        seq.stats.record_round(result.num_drafted, result.num_accepted, planned_k)
+        self.stats.record_round(result.num_drafted, result.num_accepted, planned_k)
         new_ids: list[int] = []
         for token in result.new_token_ids:
             new_ids.append(token)

@@ -18,22 +18,40 @@ class AcceptanceStats:
     accepted_tokens: int = 0
     # accepted_per_position[i]: rounds in which draft position i (0-based) was accepted
     accepted_per_position: list[int] = field(default_factory=list)
+    # drafted_per_position[i]: rounds that proposed a draft token at position i
+    drafted_per_position: list[int] = field(default_factory=list)
+    # rounds_by_num_draft_tokens[k]: rounds planned with k draft tokens (the adaptive controller's
+    # choice, or the request's own k); a model-free drafter may then propose fewer
+    rounds_by_num_draft_tokens: list[int] = field(default_factory=list)
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
 
-    def record_round(self, num_drafted: int, num_accepted: int) -> None:
+    def record_round(self, num_drafted: int, num_accepted: int, num_planned: int | None = None) -> None:
         self.rounds += 1
+        planned = num_drafted if num_planned is None else num_planned
+        if len(self.rounds_by_num_draft_tokens) <= planned:
+            self.rounds_by_num_draft_tokens.extend([0] * (planned + 1 - len(self.rounds_by_num_draft_tokens)))
+        self.rounds_by_num_draft_tokens[planned] += 1
         self.drafts += num_drafted > 0
         self.draft_tokens += num_drafted
         self.accepted_tokens += num_accepted
         if len(self.accepted_per_position) < num_drafted:
             self.accepted_per_position.extend([0] * (num_drafted - len(self.accepted_per_position)))
+            self.drafted_per_position.extend([0] * (num_drafted - len(self.drafted_per_position)))
+        for i in range(num_drafted):
+            self.drafted_per_position[i] += 1
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_num_draft_tokens(self) -> float:
+        """The mean k planned per round."""
+        total = sum(k * n for k, n in enumerate(self.rounds_by_num_draft_tokens))
+        return total / self.rounds if self.rounds else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -47,6 +65,9 @@ class AcceptanceStats:
             "acceptance_rate": round(self.acceptance_rate, 6),
             "mean_accepted_length": round(self.mean_accepted_length, 6),
             "accepted_per_position": list(self.accepted_per_position),
+            "drafted_per_position": list(self.drafted_per_position),
+            "mean_num_draft_tokens": round(self.mean_num_draft_tokens, 6),
+            "rounds_by_num_draft_tokens": list(self.rounds_by_num_draft_tokens),
             "draft_time_s": round(self.draft_time_s, 6),
             "verify_time_s": round(self.verify_time_s, 6),
         }

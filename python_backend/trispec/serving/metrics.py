@@ -62,6 +62,7 @@ class TritonMetrics:
         }
         self._requests: dict[str, Any] = {}
         self._accepted_at: list[Any] = []
+        self._planned: list[Any] = []
         self._last = EngineStats()  # the totals at the previous report
 
     def _request_counter(self, reason: str) -> Any:
@@ -82,6 +83,18 @@ class TritonMetrics:
                 )
             )
         return self._accepted_at[position]
+
+    def _planned_rounds(self, k: int) -> Any:
+        while len(self._planned) <= k:
+            self._planned.append(
+                self._metric(
+                    "specdec_rounds_by_num_draft_tokens_total",
+                    self._family.COUNTER,
+                    "Per-sequence verify rounds by the number of draft tokens planned (adaptive k)",
+                    num_draft_tokens=str(len(self._planned)),
+                )
+            )
+        return self._planned[k]
 
     def record(self, report: RoundReport) -> None:
         totals = copy.deepcopy(report.engine)
@@ -107,6 +120,10 @@ class TritonMetrics:
             before = last.accepted_per_position[position] if position < len(last.accepted_per_position) else 0
             if count > before:
                 self._accepted_position(position).increment(count - before)
+        for k, count in enumerate(totals.rounds_by_num_draft_tokens):
+            before = last.rounds_by_num_draft_tokens[k] if k < len(last.rounds_by_num_draft_tokens) else 0
+            if count > before:
+                self._planned_rounds(k).increment(count - before)
         for reason in report.finished:
             self._request_counter(reason).increment(1)
         self.running.set(report.running)

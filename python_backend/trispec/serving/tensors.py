@@ -80,6 +80,8 @@ OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("verify_rounds", "TYPE_INT32"),
     TensorSpec("acceptance_rate", "TYPE_FP32"),
     TensorSpec("mean_accepted_length", "TYPE_FP32"),
+    # the mean number of draft tokens planned per round (adaptive speculation's choice, <= the cap)
+    TensorSpec("mean_num_draft_tokens", "TYPE_FP32"),
 )
 
 IGNORED_INPUTS: tuple[str, ...] = tuple(spec.name for spec in INPUTS if not spec.used)
@@ -222,5 +224,6 @@ def response_tensors(
             verify_rounds=_cell(stats.rounds, np.int32),
             acceptance_rate=_cell(stats.acceptance_rate, np.float32),
             mean_accepted_length=_cell(stats.mean_accepted_length, np.float32),
+            mean_num_draft_tokens=_cell(stats.mean_num_draft_tokens, np.float32),
         )
     return tensors
