@@ -42,6 +42,13 @@ def test_default_config_loads() -> None:
             "default_num_draft_tokens",
         ),
         ({**MINIMAL, "defaults": {"top_p": 1.5}}, "defaults.top_p", "1"),
+        ({"target": {"checkpoint": {"path": "/tmp"}, "device": "tpu"}}, "target.device", "pattern"),
+        (
+            {**MINIMAL, "drafter": {"kind": "suffix", "suffix": {"max_depth": 0}}},
+            "drafter.suffix.max_depth",
+            "1",
+        ),
+        ({**MINIMAL, "drafter": {"kind": "ngram", "with_suffix": True}}, "drafter", "with_suffix"),
         ({}, "target", "required"),
     ],
 )

@@ -169,6 +169,15 @@ def test_config_errors() -> None:
         TorchEngine.from_random(ARGS, seed=0, weight_quant="int4")
     with pytest.raises(ConfigError):
         TorchEngine.from_random(ARGS, seed=0, kv_cache_mb=0.0001)
+    with pytest.raises(ConfigError, match="device"):
+        TorchEngine.from_random(ARGS, seed=0, device="xla")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            TorchEngine.from_random(ARGS, seed=0, device="cuda")
+    from trispec.engine.model import build_transformer
+
+    with pytest.raises(ConfigError, match="int8 weight-only runs on CPU"):  # checked before any weight
+        build_transformer(ARGS, {}, weight_quant="int8", device=torch.device("meta"))
     # kv_cache_mb sizes the pool: 2 (k, v) * 3 layers * 16 tokens * 2 heads * 16 dims * 4 bytes.
     eng = TorchEngine.from_random(ARGS, seed=0, kv_cache_mb=1.0)
     assert eng.kv_usage().total_blocks == 2**20 // (2 * 3 * 16 * 2 * 16 * 4)

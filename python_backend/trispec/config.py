@@ -68,6 +68,8 @@ class CheckpointConfig(_Strict):
 class ModelConfig(_Strict):
     checkpoint: CheckpointConfig
     dtype: Literal["float32", "bfloat16"] = "float32"
+    # where the torch engine runs: cpu, or an NVIDIA GPU (cuda, cuda:N); a self-draft follows the target
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     # tokenizer.json; default: converted once from the GGUF, or tokenizer.json beside HF weights
     tokenizer: Path | None = None
     kv_cache_mb: float = Field(256.0, gt=0)
@@ -180,6 +182,9 @@ class TrtllmConfig(_Strict):
     target_engine: Path | None = None
     draft_engine: Path | None = None
     gpu_ids: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    # tp_size > 1: TensorRT-LLM's MPI worker that orchestrator mode spawns per GPU (this is its place
+    # in NVIDIA's Triton TRT-LLM images)
+    executor_worker: Path = Path("/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker")
     kv_cache: KVCacheBudget = KVCacheBudget(gpu_fraction=0.85)
     # sampled requests: false (default) = TensorRT-LLM accepts a draft token when the target's own
     # sample equals it (exactly the target's distribution); true = it also gets the draft's logits

@@ -18,6 +18,7 @@ token count, each sequence's rows contiguous.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -181,13 +182,17 @@ class AttnGroup:
 
 
 class GroupedSDPA:
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
-        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = (
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            scale,
-        )
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        device: torch.device | None = None,
+    ) -> None:
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.device = device or torch.device("cpu")
 
     def plan(self, seqs: Sequence[SeqRows], block_size: int, dtype: torch.dtype) -> list[AttnGroup]:
         groups: list[AttnGroup] = []
@@ -199,6 +204,15 @@ class GroupedSDPA:
                 j += 1
             groups.append(self._group(ordered[i:j], block_size, dtype))
             i = j
+        if self.device.type != "cpu":  # built on the host, used on the device
+            groups = [
+                dataclasses.replace(
+                    g,
+                    kv_slots=None if g.kv_slots is None else g.kv_slots.to(self.device, non_blocking=True),
+                    mask=None if g.mask is None else g.mask.to(self.device, non_blocking=True),
+                )
+                for g in groups
+            ]
         return groups
 
     @staticmethod
@@ -296,4 +310,4 @@ def make_attention(
             "in the last bits with what a request is batched with",
             "extension not built" if _kernel is None else "unsupported dtype or head_dim",
         )
-    return GroupedSDPA(num_heads, num_kv_heads, head_dim, scale)
+    return GroupedSDPA(num_heads, num_kv_heads, head_dim, scale, device)

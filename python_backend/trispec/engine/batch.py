@@ -66,17 +66,26 @@ def pack(
             slots.append(table[pos // block_size] * block_size + pos % block_size)
         if n:
             rows.append(SeqRows(t0, n, s.start, table))
+    device = cos.device
+
+    def index(values: list[int]) -> torch.Tensor:
+        t = torch.tensor(values, dtype=torch.long)
+        if device.type == "cpu":
+            return t
+        # staged in pinned host memory, copied without blocking the host
+        return t.pin_memory().to(device, non_blocking=True)
+
     lr: torch.Tensor | slice
     if logit_rows and logit_rows == list(range(logit_rows[0], logit_rows[0] + len(logit_rows))):
         lr = slice(logit_rows[0], logit_rows[0] + len(logit_rows))  # a view, no gather
     else:
-        lr = torch.tensor(logit_rows, dtype=torch.long)
-    pos_t = torch.tensor(positions, dtype=torch.long)
+        lr = index(logit_rows)
+    pos_t = index(positions)
     batch = Batch(
-        tokens=torch.tensor(tokens, dtype=torch.long),
+        tokens=index(tokens),
         cos=cos[pos_t].unsqueeze(1),
         sin=sin[pos_t].unsqueeze(1),
-        slots=torch.tensor(slots, dtype=torch.long),
+        slots=index(slots),
         attn=attention.plan(rows, block_size, dtype),
         logit_rows=lr,
     )

@@ -150,12 +150,13 @@ class KVCache:
         num_kv_heads: int,
         head_dim: int,
         dtype: torch.dtype,
+        device: torch.device | str = "cpu",
     ) -> None:
         # [layer, kv_head, slot, dim]: a sequence's keys per head are contiguous when its blocks
         # are, which SDPA likes. Zero-filled so masked-out (padding) slots never hold NaN/inf.
         shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         # Per-layer views, made once (indexing self.k[i] in the hot loop costs a dispatch per layer).
         self.k_layers = list(self.k.unbind(0))
         self.v_layers = list(self.v.unbind(0))

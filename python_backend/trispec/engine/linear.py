@@ -22,6 +22,14 @@ class Linear(Protocol):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors held (weights, scales, bias), for memory accounting."""
+        ...
+
+
+def _present(*tensors: torch.Tensor | None) -> list[torch.Tensor]:
+    return [t for t in tensors if t is not None]
+
 
 def _has_native_bf16() -> bool:
     try:
@@ -104,6 +112,9 @@ class DenseLinear:
         one = _onednn_linear(probe[:1].contiguous(), self.packed, self.bias, "none", [], "")
         return torch.equal(one[0], two[0])
 
+    def tensors(self) -> list[torch.Tensor]:
+        return _present(self.weight, self.packed, self.bias)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)  # type: ignore[arg-type]
@@ -144,6 +155,9 @@ class Int8Linear:
         q, scale = quantize_per_channel(weight)
         return cls(q, scale.to(dtype), None if bias is None else bias.to(dtype))
 
+    def tensors(self) -> list[torch.Tensor]:
+        return _present(self.weight, self.scales, self.bias)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = torch._weight_int8pack_mm(x.contiguous(), self.weight, self.scales)
         return y if self.bias is None else y + self.bias
@@ -157,6 +171,9 @@ class RowSplitLinear:
     def __init__(self, parts: list[DenseLinear]) -> None:
         self.parts = parts
         self.out_features = sum(p.out_features for p in parts)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for p in self.parts for t in p.tensors()]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p(x) for p in self.parts], dim=-1)

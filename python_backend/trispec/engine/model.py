@@ -95,7 +95,27 @@ class Transformer:
         heads = (args.num_heads, args.num_kv_heads, args.head_dim)
         self.attention = make_attention(*heads, device=embed.device, dtype=dtype, backend=attention)
         cos, sin = rope_tables(args, rope_length or args.max_position_embeddings)
-        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+        self.cos, self.sin = cos.to(dtype).to(embed.device), sin.to(dtype).to(embed.device)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every weight the network holds, as stored (packed, quantized); a tensor shared
+        by two roles (a tied int8 embedding and LM head) counts once."""
+        linears = [
+            self.lm_head,
+            *(m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)),
+        ]
+        tensors = [t for t in (self.embed, self.embed_scales, self.norm) if t is not None]
+        tensors += [t for m in linears for t in m.tensors()]
+        seen: set[int] = set()
+        total = 0
+        for t in tensors:
+            if t.layout == torch.strided:  # a packed (opaque) tensor has no storage to share
+                if t.data_ptr() in seen:
+                    continue
+                seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+        return total
 
     def make_batch(self, seqs: Sequence[SeqSpec], block_size: int) -> tuple[Batch, list[tuple[int, int]]]:
         """Pack ``seqs`` for ``forward`` (see ``batch.pack``)."""
@@ -146,14 +166,19 @@ def build_transformer(
     weight_quant: str | None = None,
     rope_length: int | None = None,
     attention: str = "auto",
+    device: torch.device | None = None,
 ) -> Transformer:
     """Fuse a HF-named state dict (``model.layers.N.self_attn.q_proj.weight`` ...) into our layout.
 
     ``weight_quant="int8"``: every linear layer (and the embedding / LM head) becomes weight-only
     int8 with per-output-channel scales; activations run in ``dtype`` (bfloat16 is the fast path).
+    ``device``: where the weights go, tensor by tensor as they are built (default CPU).
     """
     if weight_quant not in (None, "int8"):
         raise ConfigError("weight_quant", f"unsupported weight_quant {weight_quant!r} (None, 'int8')")
+    device = device or torch.device("cpu")
+    if weight_quant == "int8" and device.type != "cpu":
+        raise ConfigError("precision", "int8 weight-only runs on CPU; on a GPU use bfloat16")
 
     def get(name: str) -> torch.Tensor:
         t = state_dict.get(name)
@@ -162,10 +187,10 @@ def build_transformer(
         return t.detach().to(torch.float32)
 
     def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
-        b = None if bias is None else bias.to(dtype)
+        b = None if bias is None else bias.to(dtype).to(device)
         if weight_quant == "int8":
             return Int8Linear.from_float(weight, b, dtype=dtype)
-        return DenseLinear(weight.to(dtype), b)
+        return DenseLinear(weight.to(dtype).to(device), b)  # prepacked on CPU only
 
     layers = []
     for i in range(args.num_layers):
@@ -195,13 +220,13 @@ def build_transformer(
         else:
             lm_head = linear(get("lm_head.weight"))
     else:
-        embed, embed_scales = embed_f.to(dtype).contiguous(), None
-        lm_head = DenseLinear(embed) if args.tie_embeddings else dense_head(state_dict, args, dtype)
+        embed, embed_scales = embed_f.to(dtype).contiguous().to(device), None
+        lm_head = DenseLinear(embed) if args.tie_embeddings else dense_head(state_dict, args, dtype, device)
     return Transformer(
         args,
         embed=embed,
         layers=layers,
-        norm=get("model.norm.weight").to(dtype),
+        norm=get("model.norm.weight").to(dtype).to(device),
         lm_head=lm_head,
         embed_scales=embed_scales,
         dtype=dtype,
@@ -210,14 +235,16 @@ def build_transformer(
     )
 
 
-def dense_head(state_dict: Mapping[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype) -> Linear:
-    """An untied LM head; for a large vocabulary in blocks of rows, read block by block."""
+def dense_head(
+    state_dict: Mapping[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype, device: torch.device
+) -> Linear:
+    """An untied LM head; for a large vocabulary on CPU in blocks of rows, read block by block."""
     name = "lm_head.weight"
     if name not in state_dict:
         raise ConfigError("checkpoint", f"missing tensor {name!r}")
     block = HEAD_BLOCK_ROWS
-    if args.vocab_size <= block:
-        return DenseLinear(state_dict[name].to(dtype))
+    if args.vocab_size <= block or device.type != "cpu":
+        return DenseLinear(state_dict[name].to(dtype).to(device))
     rows = getattr(state_dict, "rows", lambda n, a, b: state_dict[n][a:b])
     parts = [
         DenseLinear(rows(name, start, min(start + block, args.vocab_size)).to(dtype).contiguous())

@@ -1,4 +1,4 @@
-"""``TorchEngine``: the PyTorch (CPU) implementation of the ``Engine`` protocol.
+"""``TorchEngine``: the PyTorch implementation of the ``Engine`` protocol (CPU; CUDA by config).
 
 One engine = one model + one paged KV pool. ``forward`` packs the new tokens of all inputs into one
 ragged batch (see ``model.Transformer``); the ``BlockManager`` hands out cache blocks within each
@@ -42,8 +42,17 @@ def resolve_dtype(dtype: str | torch.dtype | None, weight_quant: str | None) -> 
     return _DTYPES[dtype]
 
 
+def resolve_device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", f"{device}: no CUDA device is available to this torch build")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError("device", f"unsupported device {device!r} (cpu, cuda, cuda:N)")
+    return dev
+
+
 class TorchEngine:
-    """Llama/Qwen2 on CPU with a paged KV cache. Build with ``from_checkpoint`` / ``from_random``."""
+    """Llama/Qwen2 with a paged KV cache. Build with ``from_checkpoint`` / ``from_random``."""
 
     def __init__(
         self,
@@ -70,7 +79,7 @@ class TorchEngine:
         if num_blocks is None:
             num_blocks = KVCache.num_blocks_for_budget(kv_cache_mb, **geometry)
         self.blocks = BlockManager(num_blocks, block_size)
-        self.kv = KVCache(num_blocks=num_blocks, **geometry)
+        self.kv = KVCache(num_blocks=num_blocks, device=model.embed.device, **geometry)
         capacity = num_blocks * block_size
         if max_context is None:
             max_context = min(args.max_position_embeddings, capacity)
@@ -96,6 +105,7 @@ class TorchEngine:
         block_size: int = 16,
         max_context: int | None = None,
         attention: str = "auto",
+        device: str | torch.device = "cpu",
     ) -> TorchEngine:
         """From a HF-named state dict (``model.embed_tokens.weight``, ``model.layers.0...``).
 
@@ -105,8 +115,11 @@ class TorchEngine:
         KV pool: ``num_blocks`` blocks of ``block_size`` tokens, else as many as fit ``kv_cache_mb``.
         ``max_context`` defaults to min(max_position_embeddings, pool capacity in tokens).
         ``attention``: "auto" (the batch-invariant kernel where it runs, else SDPA), "paged", "sdpa".
+        ``device``: "cpu" or a CUDA device; weights, KV pool and activations live there, logits come
+        back to the host (sampling and acceptance run there).
         """
         dt = resolve_dtype(dtype, weight_quant)
+        dev = resolve_device(device)
         rope_length = max(args.max_position_embeddings, max_context or 0)
         model = build_transformer(
             args,
@@ -115,6 +128,7 @@ class TorchEngine:
             weight_quant=weight_quant,
             rope_length=rope_length,
             attention=attention,
+            device=dev,
         )
         return cls(
             model,
@@ -178,6 +192,8 @@ class TorchEngine:
                 return [torch.zeros(0, self.vocab_size) for _ in inputs]
             batch, spans = self.model.make_batch(specs, self.blocks.block_size)
             logits = self.model.forward(batch, self.kv)
+            if logits.device.type != "cpu":
+                logits = logits.cpu()  # one copy per forward; the runner samples on the host
         except BaseException:
             # Leave the cache as it was: lengths back, freshly taken blocks returned.
             for inp, start in zip(inputs[: len(specs)], starts, strict=False):

@@ -169,26 +169,28 @@ def dequantize_tensor(tensor: object, rows_per_chunk: int = 8192) -> torch.Tenso
     return torch.from_numpy(array if array.flags.writeable and array.flags.c_contiguous else array.copy())
 
 
-def _read_gguf_rows(tensor: object, start: int, stop: int) -> torch.Tensor:
+def _read_gguf_rows(reader: object, tensor: object, start: int, stop: int) -> torch.Tensor:
     """Output rows ``[start, stop)`` of a 2-D GGUF tensor (GGUF stores them as its data's rows)."""
     from gguf.quants import dequantize
 
-    data = tensor.data[start:stop]  # type: ignore[attr-defined]
+    data = tensor.data  # type: ignore[attr-defined]
     width = int(tensor.shape[0])  # type: ignore[attr-defined]  # GGUF: [in, out]
-    array = np.asarray(dequantize(data, tensor.tensor_type), dtype=np.float32).reshape(-1, width)  # type: ignore[attr-defined]
-    return torch.from_numpy(array.copy() if not array.flags.writeable else array)
+    array = np.asarray(dequantize(data[start:stop], tensor.tensor_type), dtype=np.float32).reshape(-1, width)  # type: ignore[attr-defined]
+    array = array.copy() if not array.flags.writeable else array
+    row_bytes = tensor.n_bytes // data.shape[0]  # type: ignore[attr-defined]
+    _drop_pages(reader, tensor.data_offset + start * row_bytes, (stop - start) * row_bytes)  # type: ignore[attr-defined]
+    return torch.from_numpy(array)
 
 
-def _drop_pages(reader: object, tensor: object) -> None:
+def _drop_pages(reader: object, offset: int, nbytes: int) -> None:
     """Let the kernel drop the file pages a tensor was read from: they would otherwise stay in the
     process's RSS (1.1 GB for the Qwen2.5 1.5B GGUF) until the reader goes. Clean file-backed pages:
     dropping them loses nothing; a later read (a self-draft's) just reads the file again."""
     mm = getattr(getattr(reader, "data", None), "_mmap", None)
     if mm is None or not hasattr(mm, "madvise"):
         return
-    page = mmap.PAGESIZE
-    start = tensor.data_offset // page * page  # type: ignore[attr-defined]
-    end = tensor.data_offset + tensor.n_bytes  # type: ignore[attr-defined]
+    start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+    end = offset + nbytes
     with contextlib.suppress(OSError, ValueError):
         mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
@@ -209,7 +211,7 @@ def load_gguf(path: str | Path) -> tuple[ModelArgs, LazyStateDict]:
             continue
         loaders[name] = functools.partial(_read_gguf_tensor, reader, t, args)
         if name in ("lm_head.weight", "model.embed_tokens.weight"):  # never permuted
-            row_loaders[name] = functools.partial(_read_gguf_rows, t)
+            row_loaders[name] = functools.partial(_read_gguf_rows, reader, t)
     if "model.embed_tokens.weight" not in loaders:
         raise ConfigError("checkpoint", f"{path}: no token_embd.weight")
     return args, LazyStateDict(loaders, row_loaders)
@@ -217,7 +219,7 @@ def load_gguf(path: str | Path) -> tuple[ModelArgs, LazyStateDict]:
 
 def _read_gguf_tensor(reader: object, tensor: object, args: ModelArgs) -> torch.Tensor:
     w = dequantize_tensor(tensor)
-    _drop_pages(reader, tensor)
+    _drop_pages(reader, tensor.data_offset, tensor.n_bytes)  # type: ignore[attr-defined]
     name: str = tensor.name  # type: ignore[attr-defined]
     if args.arch == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):
         w = unpermute_llama_qk(w, args.num_heads)

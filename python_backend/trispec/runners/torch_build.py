@@ -28,6 +28,7 @@ def build_engine(
         state_dict,
         dtype=model.dtype,
         kv_cache_mb=model.kv_cache_mb,
+        device=model.device,
         block_size=sched.block_size,
         max_context=sched.max_context,
         **kw,
@@ -42,17 +43,21 @@ def build_engines(config: SpecDecConfig) -> tuple[TorchEngine, Drafter | None]:
     draft_engine = build_draft_engine(config, target_checkpoint)
     target = build_engine(config.target, "target", config.scheduler, target_checkpoint)
     del target_checkpoint  # its reader (and memory map) can go
-    drafter = config.drafter
+    return target, make_drafter(config, draft_engine, target.vocab_size)
+
+
+def make_drafter(config: SpecDecConfig, draft_engine: TorchEngine | None, vocab_size: int) -> Drafter | None:
+    """The drafter the config names around its draft engine (None: a model-free drafter or none)."""
     if draft_engine is None:
-        return target, model_free_drafter(config, target.vocab_size)
-    if draft_engine.vocab_size != target.vocab_size:
+        return model_free_drafter(config, vocab_size)
+    if draft_engine.vocab_size != vocab_size:
         raise ConfigError(
             "drafter.model.checkpoint",
-            f"draft vocabulary ({draft_engine.vocab_size}) differs from the target's ({target.vocab_size})",
+            f"draft vocabulary ({draft_engine.vocab_size}) differs from the target's ({vocab_size})",
         )
-    if drafter.with_suffix:
-        return target, WithSuffix(ModelDrafter(draft_engine), suffix_drafter(config, target.vocab_size))
-    return target, ModelDrafter(draft_engine)
+    if config.drafter.with_suffix:
+        return WithSuffix(ModelDrafter(draft_engine), suffix_drafter(config, vocab_size))
+    return ModelDrafter(draft_engine)
 
 
 def build_draft_engine(config: SpecDecConfig, target_checkpoint: Checkpoint) -> TorchEngine | None:
