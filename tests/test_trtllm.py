@@ -30,7 +30,10 @@ BIN = Path(sys.executable).parent
 def engines(tmp: Path, draft: dict | None = None, target: dict | None = None, k: int = 4):
     d = tmp / "draft"
     t = tmp / "target"
-    for path, overrides, mode, draft_len in ((d, draft or {}, 1, 0), (t, target or {}, 2, 8)):
+    for path, overrides, mode, draft_len in ((d, dict(draft or {}), 1, 0), (t, dict(target or {}), 2, 8)):
+        # as trtllm-build would write them from one --max_seq_len (see engine_config)
+        mode = overrides.pop("build_config.speculative_decoding_mode", mode)
+        draft_len = overrides.pop("build_config.max_draft_len", draft_len)
         config = engine_config(spec_mode=mode, max_draft_len=draft_len)
         for dotted, value in overrides.items():
             node = config
@@ -450,6 +453,24 @@ def test_a_hung_executor_is_cancelled_and_fails_the_round(
     outputs = drain(llm)
     assert outputs[rid][-1].finish_reason is FinishReason.ERROR and "cancelled" in outputs[rid][-1].error
     assert runner.target.executor.cancelled  # cancel_request was called for the hung request
+
+
+def test_tensor_parallel_runs_in_orchestrator_mode(tmp_path: Path, trtllm_bindings) -> None:  # type: ignore[no-untyped-def]
+    """tp_size 2 from one process: every executor gets both GPUs, orchestrator mode and the worker."""
+    from trispec.runners.trtllm_executor import TrtllmExecutor
+
+    tp2 = {"pretrained_config__mapping__tp_size": 2}
+    t = write_engine(tmp_path / "t", vocab_size=TINY_VOCAB, seed=0, spec_mode=2, max_draft_len=8, **tp2)
+    worker = Path("/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker")
+    executor = TrtllmExecutor(t, kv_cache_tokens=1024, device_ids=[2, 3], worker_executable=worker)
+    parallel = executor.executor.config.parallel_config
+    assert parallel.device_ids == [2, 3]
+    assert parallel.communication_mode is trtllm_bindings.CommunicationMode.ORCHESTRATOR
+    assert parallel.orchestrator_config.worker_executable_path == str(worker)
+    one = write_engine(tmp_path / "one", vocab_size=TINY_VOCAB, seed=0, spec_mode=2, max_draft_len=8)
+    single = TrtllmExecutor(one, kv_cache_tokens=1024, device_ids=[1], worker_executable=worker)
+    leader = trtllm_bindings.CommunicationMode.LEADER
+    assert single.executor.config.parallel_config.communication_mode is leader
 
 
 def test_engine_kind_trtllm_without_the_package_names_it(tmp_path: Path) -> None:

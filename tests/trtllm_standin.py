@@ -63,9 +63,22 @@ class KvCacheConfig:
     free_gpu_memory_fraction: float | None = None
 
 
+class CommunicationMode(enum.Enum):
+    LEADER = 0
+    ORCHESTRATOR = 1
+
+
+@dataclass
+class OrchestratorConfig:
+    is_orchestrator: bool = True
+    worker_executable_path: str = ""
+
+
 @dataclass
 class ParallelConfig:
     device_ids: list[int] | None = None
+    communication_mode: CommunicationMode = CommunicationMode.LEADER
+    orchestrator_config: OrchestratorConfig | None = None
 
 
 @dataclass
@@ -163,6 +176,21 @@ class Executor:
             ENGINES[key] = TorchEngine.from_random(args, int(model["seed"]), num_blocks=4096, block_size=8)
         self.engine = ENGINES[key]
         self.config = executor_config
+        # an engine built for tp_size GPUs runs on that many; from one process, several GPUs need
+        # orchestrator mode with a worker executable (leader mode wants one MPI rank per GPU, i.e.
+        # mpirun: tensorrtllm_backend README, "Leader mode" / "Orchestrator mode")
+        tp_size = int(config["pretrained_config"].get("mapping", {}).get("tp_size", 1))
+        parallel = executor_config.parallel_config
+        devices = (parallel.device_ids if parallel else None) or [0]
+        if len(devices) != tp_size:
+            raise RuntimeError(f"[TensorRT-LLM][ERROR] engine tp_size {tp_size}, {len(devices)} device ids")
+        if tp_size > 1 and (
+            parallel is None
+            or parallel.communication_mode is not CommunicationMode.ORCHESTRATOR
+            or parallel.orchestrator_config is None
+            or not parallel.orchestrator_config.worker_executable_path
+        ):
+            raise RuntimeError("[TensorRT-LLM][ERROR] MPI world size 1 < tp_size: run one rank per GPU")
         self._ids = itertools.count(1)
         self._responses: dict[int, Response] = {}
         self.cancelled: list[int] = []
@@ -295,7 +323,12 @@ def write_engine(
 def engine_config(
     *, vocab_size: int = 320, spec_mode: object = 1, max_draft_len: int = 0, **overrides: Any
 ) -> dict:
-    """config.json as trtllm-build writes it (EngineConfig.to_dict()); ``overrides`` by dotted key."""
+    """config.json as trtllm-build writes it (EngineConfig.to_dict()) for ``--max_seq_len 1000``:
+    for an external-draft target it writes max_seq_len + max_draft_len (the room for the drafts);
+    ``overrides`` by dotted key."""
+    from trispec.runners.trtllm_engines import spec_mode_name
+
+    external = spec_mode_name(spec_mode) == "DRAFT_TOKENS_EXTERNAL"
     config: dict[str, Any] = {
         "version": "1.2.1",
         "pretrained_config": {
@@ -313,7 +346,7 @@ def engine_config(
         "build_config": {
             "max_batch_size": 64,
             "max_input_len": 900,
-            "max_seq_len": 1000,
+            "max_seq_len": 1000 + (max_draft_len if external else 0),
             "max_num_tokens": 8192,
             "max_beam_width": 1,
             "kv_cache_type": "PAGED",

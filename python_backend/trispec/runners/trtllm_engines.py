@@ -187,12 +187,12 @@ def check_pair(draft: EngineInfo | None, target: EngineInfo, num_draft_tokens: i
                 f"build_config.speculative_decoding_mode: draft {draft.speculative_decoding_mode} "
                 "(the draft must be a plain engine)"
             )
-        # every round sends the draft the whole sequence: it must take what the target takes
+        # every round sends the draft the whole sequence: it must take what the target takes (the
+        # target's max_seq_len as built: config.json's holds max_draft_len more, see usable_seq_len)
         for key in ("max_input_len", "max_seq_len", "max_batch_size"):
-            if getattr(draft, key) < getattr(target, key):
-                problems.append(
-                    f"build_config.{key}: draft {getattr(draft, key)} < target {getattr(target, key)}"
-                )
+            target_value = target.usable_seq_len if key == "max_seq_len" else getattr(target, key)
+            if getattr(draft, key) < target_value:
+                problems.append(f"build_config.{key}: draft {getattr(draft, key)} < target {target_value}")
     return problems
 
 

@@ -7,7 +7,9 @@ needs it; without it, ``engine.kind: trtllm`` fails with one line naming the pac
 
 Names used (pybind ``cpp/tensorrt_llm/pybind/executor/``; Python driver
 ``triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/1/model.py``): ``Executor(path,
-ModelType.DECODER_ONLY, ExecutorConfig)``, ``KvCacheConfig``, ``ParallelConfig``, ``Request``,
+ModelType.DECODER_ONLY, ExecutorConfig)``, ``KvCacheConfig``, ``ParallelConfig`` (with
+``CommunicationMode.ORCHESTRATOR`` and ``OrchestratorConfig(is_orchestrator, worker_path)`` for
+tensor parallel), ``Request``,
 ``SamplingConfig``, ``OutputConfig``, ``ExternalDraftTokensConfig``, ``enqueue_request``,
 ``await_responses``, ``cancel_request``, ``Response.has_error() / error_msg / result``,
 ``Result.output_token_ids / is_final / generation_logits``.
@@ -60,6 +62,7 @@ class TrtllmExecutor:
         *,
         kv_cache_tokens: int,
         device_ids: list[int] | None = None,
+        worker_executable: Path | None = None,
         gather_generation_logits: bool = False,
     ) -> None:
         trtllm = bindings()
@@ -70,7 +73,16 @@ class TrtllmExecutor:
             "max_beam_width": 1,
             "kv_cache_config": trtllm.KvCacheConfig(enable_block_reuse=True, max_tokens=kv_cache_tokens),
         }
-        if device_ids:
+        if device_ids and len(device_ids) > 1:
+            # tensor parallel from one process: orchestrator mode, the executor spawns its MPI workers
+            # (trtllmExecutorWorker). Leader mode would need one process per GPU under mpirun. As
+            # tensorrtllm_backend's Python-backend model.py sets it up (get_parallel_config).
+            kwargs["parallel_config"] = trtllm.ParallelConfig(
+                device_ids=device_ids,
+                communication_mode=trtllm.CommunicationMode.ORCHESTRATOR,
+                orchestrator_config=trtllm.OrchestratorConfig(True, str(worker_executable or "")),
+            )
+        elif device_ids:
             kwargs["parallel_config"] = trtllm.ParallelConfig(device_ids=device_ids)
         if gather_generation_logits:
             kwargs["gather_generation_logits"] = True  # 1.x: logits are asked for at run time

@@ -94,7 +94,11 @@ class TrtllmSpecRunner:
         print(f"specdec: {split.describe()}", flush=True)
         logger.info("%s", split.describe())
         tokenizer = load_tokenizer(config.target, "target")
-        common = {"kv_cache_tokens": split.tokens, "device_ids": trt.gpu_ids}
+        common = {
+            "kv_cache_tokens": split.tokens,
+            "device_ids": trt.gpu_ids,
+            "worker_executable": trt.executor_worker,
+        }
         target = TrtllmExecutor(trt.target_engine_dir, **common)
         draft = None
         if draft_info is not None:

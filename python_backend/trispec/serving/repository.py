@@ -37,7 +37,9 @@ def _parameter(key: str, value: str) -> str:
 def render_config_pbtxt(config_path: Path | None) -> str:
     """config.pbtxt for the config at ``config_path`` (None: the built-in default)."""
     config = load_config(config_path)  # validated here, so a bad YAML never reaches the server
-    source = str(config_path.resolve()) if config_path is not None else ""
+    # absolute, not resolved: a Kubernetes ConfigMap mount is a symlink into a timestamped folder that
+    # kubelet replaces on every update; the model must read the path, whatever it points at then
+    source = str(config_path.absolute()) if config_path is not None else ""
     drafter = config.drafter.kind
     if config.drafter.kind == "self":
         drafter += f" ({config.drafter.precision or 'bfloat16'})"
