@@ -98,3 +98,18 @@ def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
 
 def write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trispec_build.hf_export MODEL_JSON FIELD OUT_DIR``: one model section (as JSON)
+    exported, for tools of the runtime package that must not import this one (the benchmark's Hugging
+    Face reference)."""
+    import sys
+
+    model_json, field, out_dir = argv if argv is not None else sys.argv[1:]
+    export_hf(ModelConfig.model_validate_json(model_json), field, Path(out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,154 +1,316 @@
-"""``specdec-bench``: speculative vs plain decoding through the real in-flight batcher, in one run.
+"""``specdec-bench``: speculative vs plain decoding of any draft/target pair, in one run.
 
-For each batch size, the same prompts run with plain decoding (k = 0, same loop), with each drafter
-at a fixed k, and with the first drafter under adaptive speculation (the default). It prints
-generated tokens/s, the speed-up over plain, acceptance and mean accepted length, and checks that
-greedy outputs are identical to plain. Not a test: these machines are noisy; the ratios measured
-in one run are what count.
+The pair comes from a YAML config (``--config``; default: the built-in SmolLM2 self-draft). For each
+workload (HumanEval code, ShareGPT chat, "edit this code") and each concurrency of the sweep, the same
+prompts run closed-loop through the real in-flight batcher in every arm: ``plain`` (k = 0, the same
+loop), ``<drafter>-k<N>`` (a fixed k) and ``<drafter>-adaptive`` (per-request k chosen by measured
+goodput, capped at the largest ``--k``). Greedy, fixed-length outputs (end-of-sequence ignored), so
+every arm does the same work and must give plain's exact tokens (``identical_to_plain``).
+
+Per arm and concurrency: generated tokens/s and the speed-up over plain, TTFT and inter-token latency
+percentiles, acceptance overall and per draft position, the mean k chosen. Also, on request: the peak
+RSS of loading the pair against its weights (``--load-memory``, a child process under
+``/usr/bin/time -v``), and Hugging Face assisted generation on the same pair and prompts
+(``--hf-reference``). Not a test: these machines are noisy; ratios measured in one run are what count.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
-from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
-from trispec.checkpoints import cache_dir, smollm2_gguf
-from trispec.config import SchedulerConfig
+from trispec.bench.arms import PLAIN, Arm, DrafterPool, default_drafters, make_arms, variant
+from trispec.bench.closed_loop import LoopResult, run_closed_loop
+from trispec.checkpoints import load_tokenizer
+from trispec.config import SpecDecConfig, load_config
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import Drafter
-from trispec.drafters.model_drafter import ModelDrafter
-from trispec.drafters.ngram import NgramDrafter
-from trispec.engine.gguf_tokenizer import load_tokenizer_for_gguf
-from trispec.engine.torch_engine import TorchEngine
 from trispec.engine.weights import load_checkpoint
+from trispec.errors import ConfigError
 from trispec.llm_engine import LLMEngine
-from trispec.request import GenerationRequest
+from trispec.runners.torch_build import build_engine
 from trispec.runners.torch_runner import TorchSpecRunner
 from trispec.scheduler import Scheduler
+from trispec.tokenizer import Tokenizer
 
-PROMPTS = [
-    "Explain why the sky is blue.",
-    "Write a Python function that checks whether a number is prime.",
-    "What are three tips for staying focused while studying?",
-    "Summarise the plot of Romeo and Juliet in a few sentences.",
-    "How do I reverse a list in Python?",
-    "Give me a short recipe for tomato soup.",
-    "What is the difference between a list and a tuple in Python?",
-    "Describe the water cycle.",
-]
+WARMUP_TOKENS = 16
 
 
-def run(
-    engine: LLMEngine, prompts: list[list[int]], k: int, max_tokens: int
-) -> tuple[float, list[list[int]]]:
-    ids = [
-        engine.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=max_tokens, num_draft_tokens=k))
-        for p in prompts
-    ]
-    out: dict[int, list[int]] = {i: [] for i in ids}
-    start = time.perf_counter()
-    while engine.has_work():
-        for o in engine.step():
-            out[o.request_id].extend(o.new_token_ids)
-    return time.perf_counter() - start, [out[i] for i in ids]
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    prompts: list[list[int]]  # timed, in order
+    warmup: list[list[int]]  # other prompts of the same workload, untimed
+
+
+def load_workloads(
+    names: list[str], tokenizer: Tokenizer, n: int, n_warmup: int, seed: int, max_prompt: int
+) -> list[Workload]:
+    from trispec.bench import workloads
+
+    out = []
+    for name in names:
+        pool = workloads.load(name, workloads.available(name), seed)
+        encoded = []
+        for prompt in pool:
+            text = prompt.text  # a base model without a chat template takes the text as it is
+            if tokenizer.info.chat_template is not None:
+                text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}])
+            ids = tokenizer.encode(text)
+            if len(ids) <= max_prompt:  # room for the output within the context
+                encoded.append(ids)
+            if len(encoded) == n + n_warmup:
+                break
+        if len(encoded) < n + n_warmup:
+            raise SystemExit(f"workload {name}: only {len(encoded)} prompts fit in {max_prompt} tokens")
+        out.append(Workload(name, encoded[:n], encoded[n:]))
+    return out
+
+
+def percentiles(values: list[float], ps: tuple[int, ...] = (50, 90, 99)) -> dict[str, float | None]:
+    if not values:
+        return {f"p{p}": None for p in ps}
+    return {f"p{p}": float(np.percentile(values, p)) for p in ps}
+
+
+class Bench:
+    """The target engine, the drafters by name, and one scheduler per run."""
+
+    def __init__(self, config: SpecDecConfig, max_concurrency: int, max_seq_len: int, max_k: int) -> None:
+        self.config = _with_room(config, max_concurrency, max_seq_len + max_k + 1)
+        self.tokenizer = load_tokenizer(config.target, "target")
+        checkpoint = load_checkpoint(config.target.checkpoint.resolve("target.checkpoint"))
+        self.target = build_engine(self.config.target, "target", self.config.scheduler, checkpoint)
+        self.drafters = DrafterPool(self.config, checkpoint, self.target.vocab_size)
+        self.max_concurrency = max_concurrency
+        self.max_k = max_k
+        # adaptive arms keep what they learned across the sweep, as a serving process would
+        self.controllers: dict[tuple[str, str], Any] = {}
+
+    def engine(self, arm: Arm, workload: str) -> LLMEngine:
+        drafter: Drafter | None = self.drafters.fresh(arm.drafter) if arm.drafter else None
+        sched_config = self.config.scheduler.model_copy(
+            update={
+                "max_batch_size": max(self.max_concurrency, 1),
+                "max_num_draft_tokens": max(self.max_k, 1),
+                "default_num_draft_tokens": 0,
+                "adaptive_speculation": arm.adaptive,
+            }
+        )
+        runner = TorchSpecRunner(self.target, drafter)
+        tokenizer = self.tokenizer
+        scheduler = Scheduler(
+            runner,
+            sched_config,
+            encode=tokenizer.encode,
+            make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
+            eos_ids=frozenset(),  # fixed-length outputs: every arm does the same work
+        )
+        if arm.adaptive:
+            key = (arm.name, workload)
+            if key in self.controllers:
+                scheduler.controller = self.controllers[key]
+            else:
+                self.controllers[key] = scheduler.controller
+        return LLMEngine(scheduler, runner)
+
+    def draft_step_ratio(self, name: str) -> float | None:
+        """A draft model's 1-token step over the target's (batch 1, median, interleaved)."""
+        from trispec.bench.engine import StepTimer, interleaved_medians
+
+        draft = self.drafters.engine(name)
+        if draft is None:
+            return None
+        context = list(range(100, 164))
+        timers = [StepTimer(e, context, 4, 3_000_000) for e in (self.target, draft)]
+        try:
+            t = interleaved_medians({"target": timers[0].step(1), "draft": timers[1].step(1)}, 30, 5)
+        finally:
+            for timer in timers:
+                timer.close()
+        return t["draft"] / t["target"]
+
+
+def _with_room(config: SpecDecConfig, concurrency: int, seq_len: int) -> SpecDecConfig:
+    """KV pools large enough for ``concurrency`` sequences of ``seq_len`` tokens (fp32 upper bound on
+    the target's geometry, which no draft here exceeds); never smaller than the config's."""
+    args, _ = load_checkpoint(config.target.checkpoint.resolve("target.checkpoint"))
+    per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * 4
+    block = config.scheduler.block_size
+    tokens = concurrency * (seq_len + 2 * block)
+    mb = tokens * per_token / 2**20 * 1.1
+    target = config.target.model_copy(update={"kv_cache_mb": max(config.target.kv_cache_mb, mb)})
+    d = config.drafter
+    update: dict[str, Any] = {"kv_cache_mb": max(d.kv_cache_mb, mb)}
+    if d.model is not None:
+        update["model"] = d.model.model_copy(update={"kv_cache_mb": max(d.model.kv_cache_mb, mb)})
+    scheduler = config.scheduler.model_copy(
+        update={"max_context": max(config.scheduler.max_context or 0, seq_len + block)}
+    )
+    return config.model_copy(
+        update={"target": target, "drafter": d.model_copy(update=update), "scheduler": scheduler}
+    )
+
+
+def row(workload: str, concurrency: int, arm: Arm, result: LoopResult, plain: dict[str, Any] | None) -> dict:
+    stats = result.stats
+    drafted, accepted = stats.drafted_per_position, stats.accepted_per_position
+    per_position = [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
+    speedup = result.tok_s / plain["tok_s"] if plain else None
+    identical = result.token_ids == plain["token_ids"] if plain and arm.name != PLAIN else None
+    return {
+        "workload": workload,
+        "concurrency": concurrency,
+        "arm": arm.name,
+        "drafter": arm.drafter,
+        "k": arm.k,
+        "adaptive": arm.adaptive,
+        "requests": len(result.token_ids),
+        "tokens": result.num_tokens,
+        "seconds": round(result.elapsed_s, 4),
+        "tok_s": round(result.tok_s, 3),
+        "speedup_vs_plain": round(speedup, 4) if speedup is not None else None,
+        "acceptance": round(stats.acceptance_rate, 4) if arm.drafter else None,
+        "accepted_per_position": [round(p, 4) for p in per_position],
+        "mean_accepted_length": round(stats.mean_accepted_length, 4),
+        "mean_k": round(stats.mean_num_draft_tokens, 3),
+        "draft_time_share": round(stats.draft_time_s / result.elapsed_s, 4),
+        "ttft_s": {p: _round(v) for p, v in percentiles(result.ttft_s).items()},
+        "itl_s": {p: _round(v) for p, v in percentiles(result.itl_s).items()},
+        "identical_to_plain": identical,
+        "token_ids": result.token_ids,  # dropped from the printed rows
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 5)
+
+
+def parse_ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"{flag}: every value must be >= 1")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="specdec-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--config", type=Path, help="the pair's YAML (default: the built-in SmolLM2 config)")
+    p.add_argument("--workloads", default="humaneval,sharegpt,edit", help="comma-separated")
+    p.add_argument("--concurrency", default="1,2,4,8,16", help="closed-loop clients, comma-separated")
+    p.add_argument("--drafters", help="comma-separated (trispec.bench.arms); default: the config's, suffix")
+    p.add_argument("--k", default="4", help="fixed draft lengths, comma-separated; the largest caps adaptive")
+    p.add_argument("--arms", default="fixed,adaptive", help="which drafting arms: fixed, adaptive or both")
+    p.add_argument("--num-prompts", type=int, default=16, help="requests per workload and concurrency")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+    p.add_argument("--seed", type=int, default=0, help="which prompts are drawn")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--load-memory", action="store_true", help="measure peak RSS while loading the pair")
+    p.add_argument("--hf-reference", action="store_true", help="HF assisted generation, same pair/prompts")
+    p.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
+    p.add_argument("--plot", type=Path, metavar="DIR", help="write speedup.png and acceptance.png there")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specdec-bench", description=__doc__)
-    parser.add_argument("--batch-sizes", default="1,8", help="comma-separated")
-    parser.add_argument("--num-draft-tokens", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument(
-        "--drafters", default="self-int8,self-bf16,ngram", help="the first also runs adaptive"
-    )
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    from trispec.bench.report import Reporter
+
+    concurrencies = parse_ints(args.concurrency, "--concurrency")
+    ks = parse_ints(args.k, "--k")
+    modes = {m.strip() for m in args.arms.split(",") if m.strip()}
+    if not modes <= {"fixed", "adaptive"} or not modes:
+        raise SystemExit("--arms: fixed, adaptive or fixed,adaptive")
+    if args.num_prompts < 1 or args.max_tokens < 1:
+        raise SystemExit("--num-prompts and --max-tokens must be >= 1")
     torch.set_num_threads(args.threads)
+    try:
+        config = load_config(args.config)
+        if config.engine.kind != "torch":
+            raise SystemExit("specdec-bench runs the torch engine (engine.kind: torch)")
+        drafters = default_drafters(config)
+        if args.drafters:
+            drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+        for name in drafters:
+            variant(config, name)  # unknown names fail before anything loads
+    except ConfigError as exc:
+        raise SystemExit(f"config error: {exc}") from None
+    arms = make_arms(drafters, ks, adaptive="adaptive" in modes, fixed="fixed" in modes)
+    reporter = Reporter(json_lines=args.json)
+    reporter.header(config, args, drafters)
 
-    gguf = smollm2_gguf()
-    tokenizer = load_tokenizer_for_gguf(gguf, cache_dir())
-    model_args, state_dict = load_checkpoint(gguf)
-    target = TorchEngine.from_state_dict(model_args, state_dict, dtype="float32", kv_cache_mb=512)
-    factories: dict[str, Callable[[], Drafter]] = {
-        "self-bf16": lambda: ModelDrafter(
-            TorchEngine.from_state_dict(model_args, state_dict, dtype="bfloat16")
-        ),
-        "self-int8": lambda: ModelDrafter(
-            TorchEngine.from_state_dict(model_args, state_dict, weight_quant="int8")
-        ),
-        "ngram": lambda: NgramDrafter(model_args.vocab_size),
-    }
-    drafters = {name: factories[name]() for name in args.drafters.split(",")}
-    chat = [
-        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}])) for p in PROMPTS
-    ]
+    if args.load_memory:  # children first: nothing of ours is loaded yet
+        from trispec.bench.load_memory import measure
 
-    def scheduler(drafter: Drafter | None, adaptive: bool = False) -> LLMEngine:
-        runner = TorchSpecRunner(target, drafter)
-        sched = Scheduler(
-            runner,
-            SchedulerConfig(max_batch_size=64, max_context=1024, adaptive_speculation=adaptive),
-            encode=tokenizer.encode,
-            make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
-            eos_ids=frozenset(),  # fixed-length outputs so every run does the same work
-        )
-        return LLMEngine(sched, runner)
+        reporter.load_memory(measure(args.config, args.threads))
 
-    rows = []
-    for batch in (int(b) for b in args.batch_sizes.split(",")):
-        prompts = [chat[i % len(chat)] for i in range(batch)]
-        run(scheduler(None), prompts[:1], 0, 8)  # warm-up
-        plain_s, plain_out = run(scheduler(None), prompts, 0, args.max_tokens)
-        n_tokens = sum(len(o) for o in plain_out)
-        rows.append({"batch": batch, "drafter": "plain", "tok_s": n_tokens / plain_s, "speedup": 1.0})
-        runs = [(name, drafter, False) for name, drafter in drafters.items()]
-        # the default: the first drafter, drafting only where measured throughput says it pays off
-        first = next(iter(drafters))
-        runs.append((f"{first}+adaptive", drafters[first], True))
-        for name, drafter, adaptive in runs:
-            sched = scheduler(drafter, adaptive)
-            if adaptive:
-                # a serving process learns once and keeps its measurements: learn on one untimed run
-                run(sched, prompts, args.num_draft_tokens, args.max_tokens)
-                sched.scheduler.stats = type(sched.stats)()
-            spec_s, spec_out = run(sched, prompts, args.num_draft_tokens, args.max_tokens)
-            rows.append(
-                {
-                    "batch": batch,
-                    "drafter": name,
-                    "k": args.num_draft_tokens,
-                    "tok_s": n_tokens / spec_s,
-                    "speedup": plain_s / spec_s,
-                    "acceptance_rate": sched.stats.acceptance_rate,
-                    "mean_accepted_length": sched.stats.mean_accepted_length,
-                    "draft_time_share": sched.stats.draft_time_s / spec_s,
-                    "identical_to_plain": spec_out == plain_out,
-                }
-            )
-    if args.json:
-        for row in rows:
-            print(json.dumps(row))
-        return 0
-    print(
-        f"SmolLM2-135M-Instruct fp32 target, {args.threads} threads, {args.max_tokens} tokens per request, "
-        f"greedy, k={args.num_draft_tokens}"
-    )
-    header = ("batch", "drafter", "tok/s", "vs plain", "accept", "mean len", "draft %", "same")
-    print("{:>5} {:<18} {:>8} {:>9} {:>7} {:>9} {:>8} {}".format(*header))
-    for r in rows:
-        extra = (
-            f"{r['acceptance_rate']:>7.1%} {r['mean_accepted_length']:>9.2f} {r['draft_time_share']:>8.0%} "
-            f"{'yes' if r['identical_to_plain'] else 'NO'}"
-            if r["drafter"] != "plain"
-            else ""
-        )
-        print(f"{r['batch']:>5} {r['drafter']:<18} {r['tok_s']:>8.1f} {r['speedup']:>8.2f}x {extra}")
+    tokenizer = load_tokenizer(config.target, "target")
+    max_context = config.scheduler.max_context or 4096
+    max_prompt = max_context - args.max_tokens - max(ks) - 1
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    loads = load_workloads(names, tokenizer, args.num_prompts, 2, args.seed, max_prompt)
+    longest = max(len(p) for w in loads for p in w.prompts + w.warmup)
+
+    hf = None
+    if args.hf_reference:
+        from trispec.bench.hf_reference import run_reference
+
+        k, threads = max(ks), args.threads
+        hf = {
+            w.name: run_reference(config, w.prompts, max_tokens=args.max_tokens, k=k, threads=threads)
+            for w in loads
+        }
+
+    bench = Bench(config, max(concurrencies), longest + args.max_tokens, max(ks))
+    for name in drafters:
+        ratio = bench.draft_step_ratio(name)
+        if ratio is not None:
+            reporter.draft_cost(name, ratio)
+
+    rows: list[dict[str, Any]] = []
+    total = len(loads) * len(concurrencies) * len(arms) * args.num_prompts
+    with reporter.progress(total) as advance:
+        for load in loads:
+            for arm in arms:  # warm-up: kernels, and the adaptive arms' first estimates
+                engine = bench.engine(arm, load.name)
+                run_closed_loop(
+                    engine, load.warmup, concurrency=2, max_tokens=WARMUP_TOKENS, num_draft_tokens=arm.k
+                )
+            for concurrency in concurrencies:
+                plain: dict[str, Any] | None = None
+                for arm in arms:
+                    result = run_closed_loop(
+                        bench.engine(arm, load.name),
+                        load.prompts,
+                        concurrency=concurrency,
+                        max_tokens=args.max_tokens,
+                        num_draft_tokens=arm.k,
+                        on_finish=advance,
+                    )
+                    r = row(load.name, concurrency, arm, result, plain)
+                    if arm.name == PLAIN:
+                        plain = r
+                    rows.append(r)
+                    reporter.run_row(r)
+            if hf is not None:
+                rows += reporter.hf_rows(load.name, hf[load.name], rows, max(ks))
+    reporter.summary(rows)
+    if args.plot is not None:
+        from trispec.bench.plots import write_plots
+
+        for path in write_plots(rows, args.plot):
+            reporter.note(f"wrote {path}")
     return 0
 
 

@@ -1,0 +1,82 @@
+"""A closed-loop load: ``concurrency`` clients, each sending its next request as soon as the previous
+one finished, through the real scheduler and runner (in-flight batching: a new request joins the
+running batch at the next step). Records when each request was sent, got its first token and its
+last, and every request's tokens."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trispec.llm_engine import LLMEngine
+from trispec.request import GenerationRequest
+from trispec.stats import EngineStats
+
+
+@dataclass
+class LoopResult:
+    elapsed_s: float  # first request sent to last token
+    token_ids: list[list[int]]  # per prompt, in prompt order
+    ttft_s: list[float]  # per request: sent -> first token
+    itl_s: list[float]  # per request of 2+ tokens: (last - first token) / (tokens - 1)
+    stats: EngineStats
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+    @property
+    def tok_s(self) -> float:
+        return self.num_tokens / self.elapsed_s
+
+
+def run_closed_loop(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    *,
+    concurrency: int,
+    max_tokens: int,
+    num_draft_tokens: int,
+    on_finish: Callable[[], None] | None = None,
+) -> LoopResult:
+    if concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    pending = deque(range(len(prompts)))
+    prompt_of: dict[int, int] = {}  # request id -> prompt index
+    sent: dict[int, float] = {}
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    tokens: list[list[int]] = [[] for _ in prompts]
+
+    def send() -> None:
+        while pending and len(prompt_of) < concurrency:
+            i = pending.popleft()
+            request = GenerationRequest(
+                prompt_token_ids=prompts[i], max_tokens=max_tokens, num_draft_tokens=num_draft_tokens
+            )
+            prompt_of[engine.add_request(request)] = i
+            sent[i] = time.perf_counter()
+
+    start = time.perf_counter()
+    send()
+    while prompt_of:
+        outputs = engine.step()
+        now = time.perf_counter()
+        for out in outputs:
+            i = prompt_of[out.request_id]
+            if out.error is not None:
+                raise RuntimeError(f"request {i} failed: {out.error}")
+            if out.new_token_ids:
+                tokens[i].extend(out.new_token_ids)
+                first.setdefault(i, now)
+                last[i] = now
+            if out.finished:
+                del prompt_of[out.request_id]
+                if on_finish is not None:
+                    on_finish()
+        send()
+    elapsed = time.perf_counter() - start
+    itl = [(last[i] - first[i]) / (len(tokens[i]) - 1) for i in first if len(tokens[i]) > 1]
+    return LoopResult(elapsed, tokens, [first[i] - sent[i] for i in sorted(first)], itl, engine.stats)

@@ -1,0 +1,170 @@
+"""specdec-bench's pieces on tiny models: arm names and drafter variants, the closed loop, the rows
+it prints, and one whole run through ``main`` on a tiny pair (workloads need the ``bench`` extra)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_llm import save_tiny_checkpoint
+from tiny import TINY_VOCAB, model_drafter, spec_engine, tiny_engine
+from trispec.bench import workloads
+from trispec.bench.arms import Arm, default_drafters, make_arms, variant
+from trispec.bench.closed_loop import run_closed_loop
+from trispec.bench.speculative import main, parse_ints, row
+from trispec.config import SpecDecConfig, load_config
+from trispec.drafters.ngram import NgramDrafter
+from trispec.errors import ConfigError
+
+RUN_KEYS = {"workload", "concurrency", "arm", "tok_s", "speedup_vs_plain", "acceptance", "identical_to_plain"}
+
+
+def pair_config(draft: bool = True) -> SpecDecConfig:
+    drafter = {"kind": "model", "model": {"checkpoint": {"path": "/tmp/d"}}} if draft else {"kind": "ngram"}
+    return SpecDecConfig.model_validate({"target": {"checkpoint": {"path": "/tmp/t"}}, "drafter": drafter})
+
+
+def test_arm_names() -> None:
+    names = [a.name for a in make_arms(["model-int8", "suffix"], [2, 4], adaptive=True, fixed=True)]
+    assert names == [
+        "plain",
+        "model-int8-k2",
+        "model-int8-k4",
+        "model-int8-adaptive",
+        "suffix-k2",
+        "suffix-k4",
+        "suffix-adaptive",
+    ]
+    adaptive = make_arms(["ngram"], [2, 6], adaptive=True, fixed=False)
+    assert adaptive == [Arm("plain", None, 0, False), Arm("ngram-adaptive", "ngram", 6, True)]
+
+
+def test_drafter_variants() -> None:
+    config = pair_config()
+    assert default_drafters(config) == ["model", "suffix"]
+    int8 = variant(config, "model-int8").drafter
+    assert (int8.kind, int8.precision, int8.with_suffix) == ("model", "int8", False)
+    both = variant(config, "model-bf16+suffix").drafter
+    assert (both.precision, both.with_suffix) == ("bfloat16", True)
+    assert variant(config, "model-fp32").drafter.model.dtype == "float32"
+    selfdraft = variant(config, "self-int8").drafter
+    assert (selfdraft.kind, selfdraft.model) == ("self", None)
+    assert variant(config, "suffix").drafter.kind == "suffix"
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("model-int4", "precision"), ("ngram+suffix", "model drafter"), ("eagle", "unknown drafter")],
+)
+def test_bad_drafter_names(name: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        variant(pair_config(), name)
+
+
+def test_model_drafter_needs_a_model_section() -> None:
+    with pytest.raises(ConfigError, match=r"drafter\.model"):
+        variant(pair_config(draft=False), "model-int8")
+
+
+@pytest.mark.parametrize(("text", "ok"), [("1,2,4", [1, 2, 4]), ("0", None), ("a,b", None), ("", None)])
+def test_parse_ints(text: str, ok: list[int] | None) -> None:
+    if ok is None:
+        with pytest.raises(SystemExit):
+            parse_ints(text, "--concurrency")
+    else:
+        assert parse_ints(text, "--concurrency") == ok
+
+
+PROMPTS = [[5 + i, 17, 33, 5 + i, 17, 33, 5 + i] for i in range(5)]
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 8])
+def test_closed_loop_is_exact_and_keeps_concurrency(concurrency: int) -> None:
+    plain = run_closed_loop(
+        spec_engine(tiny_engine(0), None), PROMPTS, concurrency=concurrency, max_tokens=9, num_draft_tokens=0
+    )
+    llm = spec_engine(tiny_engine(0), model_drafter(0))
+    finished: list[int] = []  # running sequences when each request finished
+    result = run_closed_loop(
+        llm,
+        PROMPTS,
+        concurrency=concurrency,
+        max_tokens=9,
+        num_draft_tokens=3,
+        on_finish=lambda: finished.append(len(llm.scheduler.running)),
+    )
+    assert [len(t) for t in result.token_ids] == [9] * len(PROMPTS)
+    assert result.token_ids == plain.token_ids  # the same draft model: every draft accepted
+    assert len(result.ttft_s) == len(PROMPTS) and len(result.itl_s) == len(PROMPTS)
+    assert len(finished) == len(PROMPTS)
+    assert result.stats.max_verify_batch == min(concurrency, len(PROMPTS))  # in-flight batching
+    assert result.stats.acceptance_rate == 1.0
+
+
+def test_row_fields_and_identity_check() -> None:
+    plain_arm, arm = Arm("plain", None, 0, False), Arm("ngram-k2", "ngram", 2, False)
+    plain_result = run_closed_loop(
+        spec_engine(tiny_engine(0), None), PROMPTS, concurrency=2, max_tokens=6, num_draft_tokens=0
+    )
+    plain = row("w", 2, plain_arm, plain_result, None)
+    spec_result = run_closed_loop(
+        spec_engine(tiny_engine(0), NgramDrafter(TINY_VOCAB)),
+        PROMPTS,
+        concurrency=2,
+        max_tokens=6,
+        num_draft_tokens=2,
+    )
+    spec = row("w", 2, arm, spec_result, plain)
+    assert set(spec) >= RUN_KEYS
+    assert spec["identical_to_plain"] is True and plain["identical_to_plain"] is None
+    assert spec["speedup_vs_plain"] == pytest.approx(spec["tok_s"] / plain["tok_s"], rel=1e-3)
+    assert 0.0 <= spec["acceptance"] <= 1.0 and plain["acceptance"] is None
+    assert 0 < spec["mean_k"] <= 2
+    # a different output is reported, not hidden
+    spec_result.token_ids[0][-1] += 1
+    assert row("w", 2, arm, spec_result, plain)["identical_to_plain"] is False
+
+
+def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        workloads.humaneval_path()
+    except workloads.WorkloadDataMissing as exc:
+        pytest.skip(f"bench extra not installed: {exc}")
+    save_tiny_checkpoint(tmp_path / "target", 320, seed=0)
+    save_tiny_checkpoint(tmp_path / "draft", 320, seed=0)  # the same weights: drafts always accepted
+    config = tmp_path / "pair.yaml"
+    config.write_text(
+        "target: {checkpoint: {path: target}, kv_cache_mb: 4}\n"
+        "drafter: {kind: model, model: {checkpoint: {path: draft}, kv_cache_mb: 4}}\n"
+        "scheduler: {max_context: 1024}\n"
+    )
+    load_config(config)
+    argv = ["--config", str(config), "--workloads", "humaneval", "--concurrency", "1,2", "--k", "2"]
+    argv += [
+        "--drafters",
+        "model,suffix",
+        "--num-prompts",
+        "3",
+        "--max-tokens",
+        "5",
+        "--json",
+        "--threads",
+        "1",
+    ]
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    runs = [r for r in lines if r["row"] == "run"]
+    arms = ["plain", "model-k2", "model-adaptive", "suffix-k2", "suffix-adaptive"]
+    assert [(r["concurrency"], r["arm"]) for r in runs] == [(c, a) for c in (1, 2) for a in arms]
+    for r in runs:
+        assert set(r) >= RUN_KEYS and r["workload"] == "humaneval"
+        assert r["identical_to_plain"] is (None if r["arm"] == "plain" else True)
+        assert r["tokens"] == 3 * 5
+    assert all(r["acceptance"] == 1.0 for r in runs if r["arm"] == "model-k2")
+    assert [r["drafter"] for r in lines if r["row"] == "draft_cost"] == ["model"]
+
+
+def test_main_refuses_unknown_drafter_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit, match="unknown drafter"):
+        main(["--drafters", "eagle"])
