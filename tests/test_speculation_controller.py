@@ -99,6 +99,20 @@ def test_it_drafts_when_it_pays_and_stops_when_it_does_not() -> None:
     assert sum(k > 0 for k in loses[20:]) <= 180 // 32 + 1  # only the exploration steps draft
 
 
+def test_exploration_drafts_for_a_few_rotating_sequences_only() -> None:
+    never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
+    controller = GoodputController(warmup_steps=2, explore_every=8)
+    drive(controller, never, accept=0.85, batch=16, steps=40)  # warm: the model says plain
+    drafted_steps = []
+    for _ in range(64):
+        ks = controller.choose(list(range(16)), [4] * 16)
+        if any(ks):
+            drafted_steps.append([i for i, k in enumerate(ks) if k])
+    assert len(drafted_steps) == 64 // 8
+    assert sorted({len(s) for s in drafted_steps}) == [1, 2, 4, 8]  # never the whole batch
+    assert len({i for s in drafted_steps for i in s}) > 8  # rotating over the batch
+
+
 def test_a_new_request_starts_from_the_global_rate() -> None:
     controller = GoodputController(prior_strength=3.0)
     for _ in range(50):

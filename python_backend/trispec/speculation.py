@@ -130,16 +130,16 @@ class GoodputController:
     """Online acceptance and cost estimates feeding ``choose_ks``.
 
     Warm-up: until the cost model has seen both drafting and plain steps, steps alternate between
-    the requested k and plain. Afterwards one step in ``explore_every`` drafts at the requested k
-    whatever the model says, so that the draft cost stays measured while the model prefers plain
-    (that step may be slower; one in 32 keeps the loss small).
+    the requested k and plain. Afterwards, in one step in ``explore_every``, a few sequences draft at
+    the requested k whatever the model says, so that the draft cost and acceptance stay measured while
+    the model prefers plain (that step may be a little slower).
     """
 
     def __init__(
         self,
         window: int = 64,
         warmup_steps: int = 6,
-        explore_every: int = 32,
+        explore_every: int = 48,
         prior_rate: float = 0.6,
         prior_strength: float = 3.0,
     ) -> None:
@@ -165,9 +165,24 @@ class GoodputController:
         if not warm:
             # drafting first, then plain, until both were seen often enough
             return list(max_ks) if self._drafted_steps <= self._plain_steps else [0] * len(max_ks)
-        if self._decisions % self.explore_every == 0 or self.cost is None:
+        if self.cost is None:
             return list(max_ks)
-        return choose_ks([self.acceptance(i) for i in seq_ids], max_ks, self.cost)
+        ks = choose_ks([self.acceptance(i) for i in seq_ids], max_ks, self.cost)
+        if self._decisions % self.explore_every == 0:
+            ks = self._explore(ks, max_ks)
+        return ks
+
+    def _explore(self, ks: list[int], max_ks: Sequence[int]) -> list[int]:
+        """A few sequences (1, 2, 4 or 8 in turn, rotating) draft at their cap whatever the model
+        says: enough to keep the draft cost and the acceptance measured, and to vary drafted
+        positions against draft passes, while costing little in a large batch that runs plain."""
+        n = len(ks)
+        turn = self._decisions // self.explore_every
+        size = min(n, 2 ** (turn % 4))
+        for j in range(size):
+            i = (turn + j) % n
+            ks[i] = max(ks[i], max_ks[i])
+        return ks
 
     def acceptance(self, seq_id: int) -> list[float]:
         """The request's conditional acceptance per position, shrunk towards all requests'."""
