@@ -218,8 +218,7 @@ def test_wide_model_drafts_are_batch_invariant() -> None:
         params = SamplingParams(temperature=0.8, seed=3)
         requests = []
         for i, tokens in enumerate(seqs):
-            drafter.add_sequence(i, 200)
-            drafter.prefill([ForwardInput(i, tokens[:-1], 0)])
+            drafter.add_sequence(i, 200)  # the proposal feeds the whole sequence: its cache is empty
             requests.append(
                 DraftRequest(i, tokens, 4, params, make_generator(dataclasses.replace(params, seed=3 + i)))
             )

@@ -140,7 +140,7 @@ def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         "scheduler: {max_context: 1024}\n"
     )
     load_config(config)
-    argv = ["--config", str(config), "--workloads", "humaneval", "--concurrency", "1,2", "--k", "2"]
+    argv = ["--config", str(config), "--workloads", "humaneval,edit", "--concurrency", "1,2", "--k", "2"]
     argv += [
         "--drafters",
         "model,suffix",
@@ -156,12 +156,19 @@ def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     runs = [r for r in lines if r["row"] == "run"]
     arms = ["plain", "model-k2", "model-adaptive", "suffix-k2", "suffix-adaptive"]
-    assert [(r["concurrency"], r["arm"]) for r in runs] == [(c, a) for c in (1, 2) for a in arms]
+    points = [(c, a) for c in (1, 2) for a in arms]
+    assert [(r["workload"], r["concurrency"], r["arm"]) for r in runs] == [
+        (w, c, a) for w in ("humaneval", "edit", "all") for c, a in points
+    ]
     for r in runs:
-        assert set(r) >= RUN_KEYS and r["workload"] == "humaneval"
+        assert set(r) >= RUN_KEYS
         assert r["identical_to_plain"] is (None if r["arm"] == "plain" else True)
-        assert r["tokens"] == 3 * 5
+        assert r["tokens"] == 3 * 5 * (2 if r["workload"] == "all" else 1)
     assert all(r["acceptance"] == 1.0 for r in runs if r["arm"] == "model-k2")
+    mixed = {(r["concurrency"], r["arm"]): r for r in runs if r["workload"] == "all"}
+    assert mixed[(1, "model-k2")]["speedup_vs_plain"] == pytest.approx(
+        mixed[(1, "model-k2")]["tok_s"] / mixed[(1, "plain")]["tok_s"], rel=1e-3
+    )
     assert [r["drafter"] for r in lines if r["row"] == "draft_cost"] == ["model"]
 
 

@@ -109,8 +109,8 @@ def test_exploration_drafts_for_a_few_rotating_sequences_only() -> None:
         if any(ks):
             drafted_steps.append([i for i, k in enumerate(ks) if k])
     assert len(drafted_steps) == 64 // 8
-    assert sorted({len(s) for s in drafted_steps}) == [1, 2, 4, 8]  # never the whole batch
-    assert len({i for s in drafted_steps for i in s}) > 8  # rotating over the batch
+    assert sorted({len(s) for s in drafted_steps}) == [1, 2]  # never the whole batch
+    assert len({i for s in drafted_steps for i in s}) >= 8  # rotating over the batch
 
 
 def test_a_new_request_starts_from_the_global_rate() -> None:

@@ -219,7 +219,8 @@ class Scheduler:
 
     def _learn(self, plan: StepPlan, result: StepResult) -> None:
         """Feed the adaptive controller each round's acceptance, and the timing of pure decode steps
-        (prompt work, or a round rerun one sequence at a time, would blur the cost model)."""
+        (prompt work, a draft cache catching up, or a round rerun one sequence at a time would blur
+        the cost model)."""
         if self.controller is None:
             return
         decodes = plan.decodes
@@ -227,7 +228,7 @@ class Scheduler:
             r = result.results[s.seq_id]
             if r.error is None:
                 self.controller.record_round(s.seq_id, r.num_drafted, r.num_accepted)
-        if not decodes or result.isolated or len(decodes) != len(plan.steps):
+        if not decodes or result.isolated or result.draft_catch_up_tokens or len(decodes) != len(plan.steps):
             return
         if any(len(s.token_ids) - s.num_computed != 1 for s in decodes):
             return

@@ -139,7 +139,7 @@ class GoodputController:
         self,
         window: int = 64,
         warmup_steps: int = 6,
-        explore_every: int = 48,
+        explore_every: int = 256,
         prior_rate: float = 0.6,
         prior_strength: float = 3.0,
     ) -> None:
@@ -173,12 +173,13 @@ class GoodputController:
         return ks
 
     def _explore(self, ks: list[int], max_ks: Sequence[int]) -> list[int]:
-        """A few sequences (1, 2, 4 or 8 in turn, rotating) draft at their cap whatever the model
-        says: enough to keep the draft cost and the acceptance measured, and to vary drafted
-        positions against draft passes, while costing little in a large batch that runs plain."""
+        """One or two sequences (in turn, rotating over the batch) draft at their cap whatever the
+        model says: enough to keep the draft cost and the acceptance measured, and to vary drafted
+        positions against draft passes. Rarely and few, because a draft model that sat out plain
+        rounds first catches up on the tokens it missed (its prompt, the first time)."""
         n = len(ks)
         turn = self._decisions // self.explore_every
-        size = min(n, 2 ** (turn % 4))
+        size = min(n, 1 + turn % 2)
         for j in range(size):
             i = (turn + j) % n
             ks[i] = max(ks[i], max_ks[i])

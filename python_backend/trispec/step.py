@@ -73,6 +73,9 @@ class StepResult:
     # the batched round failed and was rerun one sequence at a time: its timing says nothing about
     # the batch size, so the adaptive controller does not learn from it
     isolated: bool = False
+    # verified tokens a draft model fed to catch up (a sequence drafting for the first time, or after
+    # plain rounds): that step's draft time is not a draft step's cost either
+    draft_catch_up_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,9 @@ def row(workload: str, concurrency: int, arm: Arm, result: LoopResult, plain: di
         "acceptance": round(stats.acceptance_rate, 4) if arm.drafter else None,
         "accepted_per_position": [round(p, 4) for p in per_position],
         "mean_accepted_length": round(stats.mean_accepted_length, 4),
+        "rounds": stats.rounds,
+        "draft_tokens": stats.draft_tokens,
+        "accepted_tokens": stats.accepted_tokens,
         "mean_k": round(stats.mean_num_draft_tokens, 3),
         "draft_time_share": round(stats.draft_time_s / result.elapsed_s, 4),
         "ttft_s": {p: _round(v) for p, v in percentiles(result.ttft_s).items()},
@@ -186,6 +189,46 @@ def row(workload: str, concurrency: int, arm: Arm, result: LoopResult, plain: di
         "identical_to_plain": identical,
         "token_ids": result.token_ids,  # dropped from the printed rows
     }
+
+
+def combined_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Workload ``all``: each arm and concurrency over every workload together (tokens over seconds
+    summed), the mix a server sees; latency percentiles stay per workload."""
+    out: list[dict[str, Any]] = []
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["acceptance"] is not None or r["arm"] == PLAIN:  # not the Hugging Face reference rows
+            groups.setdefault((r["concurrency"], r["arm"]), []).append(r)
+    plain_tok_s: dict[int, float] = {}
+    for (concurrency, arm), group in groups.items():
+        tokens, seconds = sum(r["tokens"] for r in group), sum(r["seconds"] for r in group)
+        first = group[0]
+        drafted, accepted = sum(r["draft_tokens"] for r in group), sum(r["accepted_tokens"] for r in group)
+        rounds = sum(r["rounds"] for r in group)
+        identical = [r["identical_to_plain"] for r in group]
+        combined = {
+            **{k: first[k] for k in ("concurrency", "arm", "drafter", "k", "adaptive")},
+            "workload": "all",
+            "requests": sum(r["requests"] for r in group),
+            "tokens": tokens,
+            "seconds": round(seconds, 4),
+            "tok_s": round(tokens / seconds, 3),
+            "speedup_vs_plain": None,
+            "acceptance": None if first["acceptance"] is None else round(accepted / max(drafted, 1), 4),
+            "mean_k": round(sum(r["mean_k"] * r["rounds"] for r in group) / max(rounds, 1), 3),
+            "rounds": rounds,
+            "draft_tokens": drafted,
+            "accepted_tokens": accepted,
+            "identical_to_plain": None if arm == PLAIN else all(identical),
+            "workloads": [r["workload"] for r in group],
+        }
+        if arm == PLAIN:
+            plain_tok_s[concurrency] = combined["tok_s"]
+        out.append(combined)
+    for r in out:
+        if r["arm"] != PLAIN and r["concurrency"] in plain_tok_s:
+            r["speedup_vs_plain"] = round(r["tok_s"] / plain_tok_s[r["concurrency"]], 4)
+    return out
 
 
 def _round(value: float | None) -> float | None:
@@ -305,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
                     reporter.run_row(r)
             if hf is not None:
                 rows += reporter.hf_rows(load.name, hf[load.name], rows, max(ks))
+    if len(loads) > 1:
+        for r in combined_rows(rows):
+            rows.append(r)
+            reporter.run_row(r)
     reporter.summary(rows)
     if args.plot is not None:
         from trispec.bench.plots import write_plots

@@ -1,8 +1,10 @@
 """The drafter interface.
 
 A drafter proposes up to k tokens for many sequences at once. Model drafters keep their own KV
-cache in step with the verified tokens: the scheduler feeds them prompt chunks (``prefill``) and
-tells them, after each verify, how many tokens of the sequence are verified (``rollback``).
+cache of the verified tokens, filled lazily: a proposal first feeds whatever the cache lacks (the
+whole prompt the first time a sequence drafts), so a sequence that never drafts (k = 0 under
+adaptive speculation) costs the draft model nothing. After each verify the runner tells them how
+many tokens of the sequence are verified (``rollback``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from trispec.engine.base import ForwardInput, KVUsage
+from trispec.engine.base import KVUsage
 from trispec.sampling_params import SamplingParams
 
 
@@ -32,16 +34,15 @@ class DraftProposal:
     tokens: list[int]
     # the distributions the tokens were drawn from, [len(tokens), vocab]; None under greedy
     probs: torch.Tensor | None = None
+    # verified tokens a model drafter fed beyond the usual one or two (its cache catching up): such a
+    # round's draft time says little about the cost of a draft step
+    catch_up_tokens: int = 0
 
 
 class Drafter(Protocol):
     def can_admit(self, max_length: int) -> bool: ...
 
     def add_sequence(self, seq_id: int, max_length: int) -> None: ...
-
-    def prefill(self, chunks: Sequence[ForwardInput]) -> None:
-        """Feed prompt chunks (``num_logits`` 0) of many sequences ahead of drafting."""
-        ...
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]: ...
 
@@ -64,9 +65,6 @@ class StatelessDrafter:
         return True
 
     def add_sequence(self, seq_id: int, max_length: int) -> None:
-        pass
-
-    def prefill(self, chunks: Sequence[ForwardInput]) -> None:
         pass
 
     def rollback(self, seq_id: int, num_verified: int) -> None:

@@ -22,19 +22,17 @@ class ModelDrafter:
     def add_sequence(self, seq_id: int, max_length: int) -> None:
         self.engine.add_sequence(seq_id, max_length)
 
-    def prefill(self, chunks: Sequence[ForwardInput]) -> None:
-        if chunks:
-            self.engine.forward(chunks)
-
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         tokens: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
         active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0]
         # Position 0 feeds everything the draft cache lacks (the last verified token, or two when the
-        # previous round accepted all drafts), later positions feed the previous draft token.
+        # previous round accepted all drafts; the prompt and more when the sequence did not draft
+        # before), later positions feed the previous draft token.
         feeds = {
             i: list(requests[i].token_ids[self.engine.cached_length(requests[i].seq_id) :]) for i in active
         }
+        catch_up = {i: max(len(feed) - 2, 0) for i, feed in feeds.items()}
         while active:
             logits = self.engine.forward([ForwardInput(requests[i].seq_id, feeds[i], 1) for i in active])
             for i, row in zip(active, logits):
@@ -49,9 +47,11 @@ class ModelDrafter:
                 feeds[i] = [token]
             active = [i for i in active if len(tokens[i]) < requests[i].num_draft_tokens]
         return [
-            DraftProposal(tokens[i], torch.stack(probs[i]) if probs[i] else None)
-            if not r.sampling.greedy and tokens[i]
-            else DraftProposal(tokens[i])
+            DraftProposal(
+                tokens[i],
+                torch.stack(probs[i]) if probs[i] and not r.sampling.greedy else None,
+                catch_up.get(i, 0),
+            )
             for i, r in enumerate(requests)
         ]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from trispec.drafters.base import DraftProposal, DraftRequest
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.suffix import SuffixDrafter
-from trispec.engine.base import ForwardInput, KVUsage
+from trispec.engine.base import KVUsage
 
 
 class WithSuffix:
@@ -29,9 +29,6 @@ class WithSuffix:
     def add_sequence(self, seq_id: int, max_length: int) -> None:
         self.model.add_sequence(seq_id, max_length)
         self.suffix.add_sequence(seq_id, max_length)
-
-    def prefill(self, chunks: Sequence[ForwardInput]) -> None:
-        self.model.prefill(chunks)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         proposals = self.suffix.propose(requests)

@@ -101,7 +101,7 @@ class TorchSpecRunner:
                     f"{self.target.cached_length(s.seq_id)}"
                 )
         t0 = time.perf_counter()
-        drafts = self._draft(chunks, decodes)
+        drafts = self._draft(decodes)
         t1 = time.perf_counter()
         # one batched target pass: each decode feeds its new tokens + drafts and wants logits for the
         # last k + 1 (row i scores draft i, the last row the bonus); prompt chunks want none
@@ -125,16 +125,10 @@ class TorchSpecRunner:
             )
         for s in chunks:
             results[s.seq_id] = SeqResult(s.seq_id, num_computed=s.feed_to)
-        return StepResult(results, t1 - t0, time.perf_counter() - t1)
+        catch_up = sum(d.catch_up_tokens for d in drafts)
+        return StepResult(results, t1 - t0, time.perf_counter() - t1, draft_catch_up_tokens=catch_up)
 
-    def _draft(self, chunks: Sequence[SeqStep], decodes: Sequence[SeqStep]) -> list[DraftProposal]:
-        self.drafter.prefill(
-            [
-                ForwardInput(s.seq_id, s.token_ids[s.num_computed : s.feed_to], 0)
-                for s in chunks
-                if s.seq_id in self._drafting
-            ]
-        )
+    def _draft(self, decodes: Sequence[SeqStep]) -> list[DraftProposal]:
         drafting = [i for i, s in enumerate(decodes) if s.num_draft_tokens > 0]
         requests = [
             DraftRequest(
