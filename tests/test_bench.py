@@ -11,7 +11,7 @@ from test_llm import save_tiny_checkpoint
 from tiny import TINY_VOCAB, model_drafter, spec_engine, tiny_engine
 from trispec.bench import workloads
 from trispec.bench.arms import Arm, default_drafters, make_arms, variant
-from trispec.bench.closed_loop import run_closed_loop
+from trispec.bench.closed_loop import LoopResult, run_closed_loop
 from trispec.bench.speculative import main, parse_ints, row
 from trispec.config import SpecDecConfig, load_config
 from trispec.drafters.ngram import NgramDrafter
@@ -151,6 +151,8 @@ def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         "--json",
         "--threads",
         "1",
+        "--repeats",
+        "2",
     ]
     assert main(argv) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -163,7 +165,7 @@ def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     for r in runs:
         assert set(r) >= RUN_KEYS
         assert r["identical_to_plain"] is (None if r["arm"] == "plain" else True)
-        assert r["tokens"] == 3 * 5 * (2 if r["workload"] == "all" else 1)
+        assert r["tokens"] == 2 * 3 * 5 * (2 if r["workload"] == "all" else 1)  # 2 repeats
     assert all(r["acceptance"] == 1.0 for r in runs if r["arm"] == "model-k2")
     mixed = {(r["concurrency"], r["arm"]): r for r in runs if r["workload"] == "all"}
     assert mixed[(1, "model-k2")]["speedup_vs_plain"] == pytest.approx(
@@ -175,3 +177,24 @@ def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_main_refuses_unknown_drafter_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit, match="unknown drafter"):
         main(["--drafters", "eagle"])
+
+
+def test_repeats_merge_into_one_result() -> None:
+    runs = [
+        run_closed_loop(
+            spec_engine(tiny_engine(0), NgramDrafter(TINY_VOCAB)),
+            PROMPTS,
+            concurrency=2,
+            max_tokens=6,
+            num_draft_tokens=2,
+        )
+        for _ in range(3)
+    ]
+    merged = LoopResult.merged(runs)
+    assert merged.num_tokens == 3 * runs[0].num_tokens
+    assert merged.elapsed_s == pytest.approx(sum(r.elapsed_s for r in runs))
+    assert merged.stats.draft_tokens == 3 * runs[0].stats.draft_tokens
+    assert merged.stats.drafted_per_position == [3 * n for n in runs[0].stats.drafted_per_position]
+    assert merged.repeats_agree and len(merged.ttft_s) == 3 * len(PROMPTS)
+    runs[1].token_ids[0][0] += 1
+    assert not LoopResult.merged(runs).repeats_agree

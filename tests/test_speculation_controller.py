@@ -60,6 +60,26 @@ def test_shared_draft_passes_are_not_a_trap() -> None:
     assert all(k > 0 for k in choose_ks([[0.8]] * 16, [4] * 16, shared))
 
 
+def test_a_draft_cache_to_catch_up_weighs_on_starting_to_draft() -> None:
+    # the same requests; the second's draft cache lacks its whole prompt: catching up costs more
+    # than its share of the round gains, so it stays plain while the first drafts
+    assert choose_ks([[0.9], [0.9]], [4, 4], CHEAP, start_s=[0.0, 0.5]) == [4, 0]
+    assert choose_ks([[0.9], [0.9]], [4, 4], CHEAP, start_s=[0.0, 0.0]) == [4, 4]
+
+
+def test_catch_up_cost_is_learned_and_spread_over_what_is_left() -> None:
+    controller = GoodputController(warmup_steps=2)
+    drive(controller, CHEAP, accept=0.9, batch=2, steps=30)
+    assert controller.catch_up_token_s == 0.0  # none seen yet
+    for _ in range(8):  # 200 tokens fed on top of 4 draft passes, at 2 ms a token
+        modelled = CHEAP.draft_pass_s * 4 + CHEAP.draft_seq_s * 4
+        controller.record_catch_up([4], 200, modelled + 0.4)
+    assert controller.catch_up_token_s == pytest.approx(0.002, rel=0.2)
+    # a long way to go amortises catching up; two tokens left do not
+    assert controller.choose([0, 1], [4, 4], lags=[2, 300], remaining=[500, 500])[1] > 0
+    assert controller.choose([0, 1], [4, 4], lags=[2, 300], remaining=[500, 2]) == [4, 0]
+
+
 # -- the online estimates -----------------------------------------------------------------------------
 def drive(controller: GoodputController, truth: StepCost, accept: float, batch: int, steps: int) -> list[int]:
     """Run ``steps`` decisions for a fixed batch whose drafts are accepted with rate ``accept``, timing
@@ -113,6 +133,18 @@ def test_exploration_drafts_for_a_few_rotating_sequences_only() -> None:
     assert len({i for s in drafted_steps for i in s}) >= 8  # rotating over the batch
 
 
+def test_exploration_picks_the_sequences_whose_draft_cache_lags_least() -> None:
+    never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
+    controller = GoodputController(warmup_steps=2, explore_every=4)
+    drive(controller, never, accept=0.85, batch=6, steps=40)
+    lags = [400, 300, 3, 200, 1, 500]
+    explored = []
+    for _ in range(16):
+        ks = controller.choose(list(range(6)), [4] * 6, lags=lags, remaining=[64] * 6)
+        explored += [i for i, k in enumerate(ks) if k]
+    assert explored and set(explored) <= {2, 4}
+
+
 def test_a_new_request_starts_from_the_global_rate() -> None:
     controller = GoodputController(prior_strength=3.0)
     for _ in range(50):
@@ -134,13 +166,13 @@ class Alternating(GoodputController):
         super().__init__()
         self.n = 0
 
-    def choose(self, seq_ids: Sequence[int], max_ks: Sequence[int]) -> list[int]:
+    def choose(self, seq_ids: Sequence[int], max_ks: Sequence[int], **_: object) -> list[int]:
         self.n += 1
         return list(max_ks) if self.n % 2 else [0] * len(max_ks)
 
 
 class AlwaysPlain(GoodputController):
-    def choose(self, seq_ids: Sequence[int], max_ks: Sequence[int]) -> list[int]:
+    def choose(self, seq_ids: Sequence[int], max_ks: Sequence[int], **_: object) -> list[int]:
         return [0] * len(max_ks)
 
 

@@ -149,8 +149,12 @@ class Scheduler:
         ]
         if not free:
             return steps
+        seqs = [self._seq(steps[i].seq_id) for i in free]
         ks = self.controller.choose(
-            [steps[i].seq_id for i in free], [steps[i].num_draft_tokens for i in free]
+            [steps[i].seq_id for i in free],
+            [steps[i].num_draft_tokens for i in free],
+            lags=[s.num_tokens - s.draft_synced for s in seqs],
+            remaining=[s.remaining_tokens for s in seqs],
         )
         steps = list(steps)
         for i, k in zip(free, ks):
@@ -211,6 +215,8 @@ class Scheduler:
             seq.num_computed = seq_result.num_computed
             if step.is_prompt_chunk:
                 continue
+            if step.num_draft_tokens:  # the draft cache now holds what the target's does
+                seq.draft_synced = seq_result.num_computed
             seq.stats.draft_time_s += result.draft_time_s
             seq.stats.verify_time_s += result.verify_time_s
             outputs.append(self._apply(seq, seq_result, step.num_draft_tokens))
@@ -218,9 +224,9 @@ class Scheduler:
         return outputs
 
     def _learn(self, plan: StepPlan, result: StepResult) -> None:
-        """Feed the adaptive controller each round's acceptance, and the timing of pure decode steps
-        (prompt work, a draft cache catching up, or a round rerun one sequence at a time would blur
-        the cost model)."""
+        """Feed the adaptive controller each round's acceptance, the timing of pure decode steps
+        (prompt work, or a round rerun one sequence at a time, would blur the cost model), and what
+        a draft cache catching up cost."""
         if self.controller is None:
             return
         decodes = plan.decodes
@@ -228,11 +234,14 @@ class Scheduler:
             r = result.results[s.seq_id]
             if r.error is None:
                 self.controller.record_round(s.seq_id, r.num_drafted, r.num_accepted)
-        if not decodes or result.isolated or result.draft_catch_up_tokens or len(decodes) != len(plan.steps):
-            return
-        if any(len(s.token_ids) - s.num_computed != 1 for s in decodes):
+        if not decodes or result.isolated:
             return
         ks = [result.results[s.seq_id].num_drafted for s in decodes]
+        if result.draft_catch_up_tokens:  # draft time only: prompt rows of the target pass do not count
+            self.controller.record_catch_up(ks, result.draft_catch_up_tokens, result.draft_time_s)
+            return
+        if len(decodes) != len(plan.steps) or any(len(s.token_ids) - s.num_computed != 1 for s in decodes):
+            return
         self.controller.record_step(ks, result.draft_time_s, result.verify_time_s)
 
     def _apply(self, seq: Sequence, result: SeqResult, planned_k: int) -> RequestOutput:

@@ -32,6 +32,9 @@ class Sequence:
     num_computed: int = 0
     # admitted into the drafter too (a drafter exists and the request asked for drafts)
     drafts: bool = False
+    # tokens a draft model's cache holds as of the sequence's last drafted round (drafter caches
+    # fill lazily): the rest is what drafting now would first have to feed it
+    draft_synced: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)

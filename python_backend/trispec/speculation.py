@@ -55,8 +55,16 @@ def expected_tokens(accept: Sequence[float], k: int) -> float:
     return total
 
 
-def choose_ks(accepts: Sequence[Sequence[float]], max_ks: Sequence[int], cost: StepCost) -> list[int]:
+def choose_ks(
+    accepts: Sequence[Sequence[float]],
+    max_ks: Sequence[int],
+    cost: StepCost,
+    start_s: Sequence[float] | None = None,
+) -> list[int]:
     """Each sequence's k in [0, max_k] maximising (sum of expected tokens) / (step seconds).
+
+    ``start_s[i]``: seconds added to the step if sequence i drafts at all (its share of a draft
+    cache catching up; 0 when there is none).
 
     Coordinate ascent: each sequence in turn takes the k that is best given the others', until
     nothing changes (a few passes; ties keep the smaller k). The step's cost is updated
@@ -64,15 +72,21 @@ def choose_ks(accepts: Sequence[Sequence[float]], max_ks: Sequence[int], cost: S
     n = len(max_ks)
     if n == 0:
         return []
+    start = list(start_s) if start_s is not None else [0.0] * n
     gains = [[expected_tokens(accepts[i], k) for k in range(max_ks[i] + 1)] for i in range(n)]
+
+    def seconds(plan: Sequence[int]) -> float:
+        return cost.seconds(plan) + sum(s for s, k in zip(start, plan) if k)
+
     # the draft passes are shared, so drafting for one sequence alone can lose where drafting for all
     # wins: start from the best uniform plan (every sequence at the same k, capped by its max)
     starts = [[min(k, m) for m in max_ks] for k in range(max(max_ks) + 1)]
-    ks = max(starts, key=lambda plan: sum(g[k] for g, k in zip(gains, plan)) / cost.seconds(plan))
+    ks = max(starts, key=lambda plan: sum(g[k] for g, k in zip(gains, plan)) / seconds(plan))
     counts = Counter(ks)
     tokens = sum(g[k] for g, k in zip(gains, ks))
     rows, positions = sum(k + 1 for k in ks), sum(ks)
-    best = tokens / cost.seconds(ks)
+    extra = sum(s for s, k in zip(start, ks) if k)
+    best = tokens / seconds(ks)
     for _ in range(4):
         changed = False
         for i in range(n):
@@ -81,15 +95,18 @@ def choose_ks(accepts: Sequence[Sequence[float]], max_ks: Sequence[int], cost: S
             passes_others = max((k for k, c in counts.items() if c > 0), default=0)
             base_tokens = tokens - gains[i][current]
             base_rows, base_positions = rows - current - 1, positions - current
+            base_extra = extra - (start[i] if current else 0.0)
             choice, choice_value = current, best
             for k in range(max_ks[i] + 1):
-                seconds = (
+                step_s = (
                     cost.target_base_s
                     + cost.target_row_s * (base_rows + k + 1)
                     + cost.draft_pass_s * max(passes_others, k)
                     + cost.draft_seq_s * (base_positions + k)
+                    + base_extra
+                    + (start[i] if k else 0.0)
                 )
-                value = (base_tokens + gains[i][k]) / seconds
+                value = (base_tokens + gains[i][k]) / step_s
                 if value > choice_value * (1 + 1e-9) or (k < choice and value >= choice_value):
                     choice, choice_value = k, value
             counts[choice] += 1
@@ -100,6 +117,7 @@ def choose_ks(accepts: Sequence[Sequence[float]], max_ks: Sequence[int], cost: S
                     base_rows + choice + 1,
                     base_positions + choice,
                 )
+                extra = base_extra + (start[i] if choice else 0.0)
                 best, changed = choice_value, True
         if not changed:
             break
@@ -155,9 +173,20 @@ class GoodputController:
         self._drafted_steps = 0
         self._plain_steps = 0
         self.cost: StepCost | None = None
+        # seconds per token a draft model's cache takes to catch up (0 for model-free drafters)
+        self.catch_up_token_s = 0.0
 
     # -- choice --------------------------------------------------------------------------------
-    def choose(self, seq_ids: Sequence[int], max_ks: Sequence[int]) -> list[int]:
+    def choose(
+        self,
+        seq_ids: Sequence[int],
+        max_ks: Sequence[int],
+        lags: Sequence[int] | None = None,
+        remaining: Sequence[int] | None = None,
+    ) -> list[int]:
+        """k per sequence. ``lags[i]``: tokens sequence i's draft cache lacks (what drafting now
+        would first feed it); ``remaining[i]``: tokens it may still generate, over which that
+        one-time catch-up is spread when weighing whether to start drafting."""
         self._decisions += 1
         if not any(max_ks):
             return [0] * len(max_ks)
@@ -167,21 +196,28 @@ class GoodputController:
             return list(max_ks) if self._drafted_steps <= self._plain_steps else [0] * len(max_ks)
         if self.cost is None:
             return list(max_ks)
-        ks = choose_ks([self.acceptance(i) for i in seq_ids], max_ks, self.cost)
+        accepts = [self.acceptance(i) for i in seq_ids]
+        start_s = None
+        if lags is not None and remaining is not None and self.catch_up_token_s > 0:
+            start_s = [
+                self.catch_up_token_s * lag / max(1.0, left / expected_tokens(a, k))
+                for lag, left, a, k in zip(lags, remaining, accepts, max_ks)
+            ]
+        ks = choose_ks(accepts, max_ks, self.cost, start_s)
         if self._decisions % self.explore_every == 0:
-            ks = self._explore(ks, max_ks)
+            ks = self._explore(ks, max_ks, lags)
         return ks
 
-    def _explore(self, ks: list[int], max_ks: Sequence[int]) -> list[int]:
-        """One or two sequences (in turn, rotating over the batch) draft at their cap whatever the
-        model says: enough to keep the draft cost and the acceptance measured, and to vary drafted
-        positions against draft passes. Rarely and few, because a draft model that sat out plain
-        rounds first catches up on the tokens it missed (its prompt, the first time)."""
+    def _explore(self, ks: list[int], max_ks: Sequence[int], lags: Sequence[int] | None) -> list[int]:
+        """One or two sequences (in turn, rotating over the batch; those whose draft cache lags
+        least first) draft at their cap whatever the model says: enough to keep the draft cost and
+        the acceptance measured, and to vary drafted positions against draft passes. Rarely and
+        few, because a draft model that sat out plain rounds first catches up on what it missed."""
         n = len(ks)
         turn = self._decisions // self.explore_every
         size = min(n, 1 + turn % 2)
-        for j in range(size):
-            i = (turn + j) % n
+        order = sorted(range(n), key=lambda i: (lags[i] if lags is not None else 0, (i - turn) % n))
+        for i in order[:size]:
             ks[i] = max(ks[i], max_ks[i])
         return ks
 
@@ -215,6 +251,18 @@ class GoodputController:
             self._plain_steps += 1
         self._steps.append((sum(k + 1 for k in ks), max(ks, default=0), sum(ks), draft_s, verify_s))
         self.cost = self._fit()
+
+    def record_catch_up(self, ks: Sequence[int], catch_up_tokens: int, draft_s: float) -> None:
+        """A step whose draft model first caught up on ``catch_up_tokens``: what its draft time
+        exceeds the modelled draft passes by, per token (a moving average)."""
+        if catch_up_tokens <= 0 or self.cost is None:
+            return
+        modelled = self.cost.draft_pass_s * max(ks, default=0) + self.cost.draft_seq_s * sum(ks)
+        per_token = max(draft_s - modelled, 0.0) / catch_up_tokens
+        if self.catch_up_token_s == 0.0:
+            self.catch_up_token_s = per_token
+        else:
+            self.catch_up_token_s += 0.25 * (per_token - self.catch_up_token_s)
 
     def forget(self, seq_id: int) -> None:
         self._requests.pop(seq_id, None)

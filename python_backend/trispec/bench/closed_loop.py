@@ -5,9 +5,11 @@ last, and every request's tokens."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trispec.llm_engine import LLMEngine
@@ -22,14 +24,40 @@ class LoopResult:
     ttft_s: list[float]  # per request: sent -> first token
     itl_s: list[float]  # per request of 2+ tokens: (last - first token) / (tokens - 1)
     stats: EngineStats
+    repeats_agree: bool = True  # merged repeats all gave the same tokens
+    repeats: int = 1
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(t) for t in self.token_ids)
+        return self.repeats * sum(len(t) for t in self.token_ids)
 
     @property
     def tok_s(self) -> float:
         return self.num_tokens / self.elapsed_s
+
+    @staticmethod
+    def merged(results: Sequence[LoopResult]) -> LoopResult:
+        """Repeats of one arm as one result: time and statistics summed, latencies pooled, the
+        tokens of the first repeat (``identical`` says whether every repeat gave them)."""
+        stats = EngineStats()
+        for f in dataclasses.fields(EngineStats):
+            values = [getattr(r.stats, f.name) for r in results]
+            if f.name == "max_verify_batch":
+                total: object = max(values)
+            elif isinstance(values[0], list):
+                total = [sum(v) for v in itertools.zip_longest(*values, fillvalue=0)]
+            else:
+                total = sum(values)
+            setattr(stats, f.name, total)
+        return LoopResult(
+            sum(r.elapsed_s for r in results),
+            results[0].token_ids,
+            [t for r in results for t in r.ttft_s],
+            [t for r in results for t in r.itl_s],
+            stats,
+            all(r.token_ids == results[0].token_ids for r in results),
+            sum(r.repeats for r in results),
+        )
 
 
 def run_closed_loop(

@@ -163,7 +163,9 @@ def row(workload: str, concurrency: int, arm: Arm, result: LoopResult, plain: di
     drafted, accepted = stats.drafted_per_position, stats.accepted_per_position
     per_position = [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
     speedup = result.tok_s / plain["tok_s"] if plain else None
-    identical = result.token_ids == plain["token_ids"] if plain and arm.name != PLAIN else None
+    identical = None
+    if plain and arm.name != PLAIN:
+        identical = result.token_ids == plain["token_ids"] and result.repeats_agree
     return {
         "workload": workload,
         "concurrency": concurrency,
@@ -171,7 +173,7 @@ def row(workload: str, concurrency: int, arm: Arm, result: LoopResult, plain: di
         "drafter": arm.drafter,
         "k": arm.k,
         "adaptive": arm.adaptive,
-        "requests": len(result.token_ids),
+        "requests": len(result.token_ids) * result.repeats,
         "tokens": result.num_tokens,
         "seconds": round(result.elapsed_s, 4),
         "tok_s": round(result.tok_s, 3),
@@ -257,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", default="fixed,adaptive", help="which drafting arms: fixed, adaptive or both")
     p.add_argument("--num-prompts", type=int, default=16, help="requests per workload and concurrency")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+    p.add_argument("--repeats", type=int, default=1, help="runs per arm and point, in alternating order")
     p.add_argument("--seed", type=int, default=0, help="which prompts are drawn")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--load-memory", action="store_true", help="measure peak RSS while loading the pair")
@@ -275,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     modes = {m.strip() for m in args.arms.split(",") if m.strip()}
     if not modes <= {"fixed", "adaptive"} or not modes:
         raise SystemExit("--arms: fixed, adaptive or fixed,adaptive")
-    if args.num_prompts < 1 or args.max_tokens < 1:
-        raise SystemExit("--num-prompts and --max-tokens must be >= 1")
+    if args.num_prompts < 1 or args.max_tokens < 1 or args.repeats < 1:
+        raise SystemExit("--num-prompts, --max-tokens and --repeats must be >= 1")
     torch.set_num_threads(args.threads)
     try:
         config = load_config(args.config)
@@ -322,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             reporter.draft_cost(name, ratio)
 
     rows: list[dict[str, Any]] = []
-    total = len(loads) * len(concurrencies) * len(arms) * args.num_prompts
+    total = len(loads) * len(concurrencies) * len(arms) * args.num_prompts * args.repeats
     with reporter.progress(total) as advance:
         for load in loads:
             for arm in arms:  # warm-up: kernels, and the adaptive arms' first estimates
@@ -331,16 +334,23 @@ def main(argv: list[str] | None = None) -> int:
                     engine, load.warmup, concurrency=2, max_tokens=WARMUP_TOKENS, num_draft_tokens=arm.k
                 )
             for concurrency in concurrencies:
+                # repeats alternate the arms' order, so that drift on a noisy machine spreads evenly
+                runs: dict[str, list[LoopResult]] = {arm.name: [] for arm in arms}
+                for repeat in range(args.repeats):
+                    for arm in arms if repeat % 2 == 0 else arms[::-1]:
+                        runs[arm.name].append(
+                            run_closed_loop(
+                                bench.engine(arm, load.name),
+                                load.prompts,
+                                concurrency=concurrency,
+                                max_tokens=args.max_tokens,
+                                num_draft_tokens=arm.k,
+                                on_finish=advance,
+                            )
+                        )
                 plain: dict[str, Any] | None = None
                 for arm in arms:
-                    result = run_closed_loop(
-                        bench.engine(arm, load.name),
-                        load.prompts,
-                        concurrency=concurrency,
-                        max_tokens=args.max_tokens,
-                        num_draft_tokens=arm.k,
-                        on_finish=advance,
-                    )
+                    result = LoopResult.merged(runs[arm.name])
                     r = row(load.name, concurrency, arm, result, plain)
                     if arm.name == PLAIN:
                         plain = r
