@@ -70,11 +70,15 @@ def test_a_draft_cache_to_catch_up_weighs_on_starting_to_draft() -> None:
 def test_catch_up_cost_is_learned_and_spread_over_what_is_left() -> None:
     controller = GoodputController(warmup_steps=2)
     drive(controller, CHEAP, accept=0.9, batch=2, steps=30)
-    assert controller.catch_up_token_s == 0.0  # none seen yet
-    for _ in range(8):  # 200 tokens fed on top of 4 draft passes, at 2 ms a token
-        modelled = CHEAP.draft_pass_s * 4 + CHEAP.draft_seq_s * 4
-        controller.record_catch_up([4], 200, modelled + 0.4)
-    assert controller.catch_up_token_s == pytest.approx(0.002, rel=0.2)
+    assert controller.cost is not None and controller.cost.catch_up_token_s == 0.0  # none seen yet
+    for tokens in (200, 50, 120, 10):  # fed on top of 4 draft passes, at 2 ms a token
+        modelled = CHEAP.draft_pass_s * 4 + CHEAP.draft_seq_s * 8
+        controller.record_step([4, 4], modelled + 0.002 * tokens, None, catch_up_tokens=tokens)
+    assert controller.cost.catch_up_token_s == pytest.approx(0.002, rel=0.05)
+    fitted, true = controller.cost, CHEAP  # drafts at [4, 4] alone cannot split passes from positions
+    assert fitted.draft_pass_s * 4 + fitted.draft_seq_s * 8 == pytest.approx(
+        true.draft_pass_s * 4 + true.draft_seq_s * 8, rel=0.05
+    )
     # a long way to go amortises catching up; two tokens left do not
     assert controller.choose([0, 1], [4, 4], lags=[2, 300], remaining=[500, 500])[1] > 0
     assert controller.choose([0, 1], [4, 4], lags=[2, 300], remaining=[500, 2]) == [4, 0]

@@ -224,9 +224,8 @@ class Scheduler:
         return outputs
 
     def _learn(self, plan: StepPlan, result: StepResult) -> None:
-        """Feed the adaptive controller each round's acceptance, the timing of pure decode steps
-        (prompt work, or a round rerun one sequence at a time, would blur the cost model), and what
-        a draft cache catching up cost."""
+        """Feed the adaptive controller each round's acceptance and the step's timing (a round rerun
+        one sequence at a time says nothing about batches)."""
         if self.controller is None:
             return
         decodes = plan.decodes
@@ -237,12 +236,12 @@ class Scheduler:
         if not decodes or result.isolated:
             return
         ks = [result.results[s.seq_id].num_drafted for s in decodes]
-        if result.draft_catch_up_tokens:  # draft time only: prompt rows of the target pass do not count
-            self.controller.record_catch_up(ks, result.draft_catch_up_tokens, result.draft_time_s)
-            return
-        if len(decodes) != len(plan.steps) or any(len(s.token_ids) - s.num_computed != 1 for s in decodes):
-            return
-        self.controller.record_step(ks, result.draft_time_s, result.verify_time_s)
+        prompt_rows = len(decodes) != len(plan.steps) or any(
+            len(s.token_ids) - s.num_computed != 1 for s in decodes
+        )
+        # prompt rows make the target pass's time say nothing about verifying; the draft time stays
+        verify_s = None if prompt_rows else result.verify_time_s
+        self.controller.record_step(ks, result.draft_time_s, verify_s, result.draft_catch_up_tokens)
 
     def _apply(self, seq: Sequence, result: SeqResult, planned_k: int) -> RequestOutput:
         """Account, emit and finish one sequence after its verify."""

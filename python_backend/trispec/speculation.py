@@ -9,8 +9,10 @@ free n-gram lookup). So both sides are measured while serving:
 * acceptance, per request: the conditional rate at which draft position j is accepted when the
   ones before it were, from the request's own rounds, shrunk towards the rate over all requests;
 * cost, per step: a linear model of the step's time from what it did — target time = a + b x rows
-  (rows = sum of k + 1), draft time = c x passes + d x drafted positions — fitted by least squares
-  over the last steps.
+  (rows = sum of k + 1), draft time = c x passes + d x drafted positions + e x tokens a draft cache
+  caught up on — fitted by non-negative least squares over the last steps. Draft caches fill
+  lazily, so a request that starts drafting late first pays e x its lag; that one-off is spread over
+  the tokens it has left when weighing whether to start.
 
 ``choose_ks`` (pure, testable with hand-made tables) picks each request's k to maximise expected
 tokens per second of the step; k = 0 everywhere when drafting does not pay. The choice changes speed
@@ -19,6 +21,7 @@ only: the output is the target's either way.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +37,9 @@ class StepCost:
     target_row_s: float  # per verified row (k + 1 per sequence)
     draft_pass_s: float = 0.0  # per draft position (one batched draft forward)
     draft_seq_s: float = 0.0  # per sequence and draft position
+    # per verified token a draft model's cache feeds before drafting (once per catch-up, so not
+    # part of ``seconds``: the caller spreads it over the rounds it enables)
+    catch_up_token_s: float = 0.0
 
     def seconds(self, ks: Sequence[int]) -> float:
         rows = sum(k + 1 for k in ks)
@@ -166,15 +172,17 @@ class GoodputController:
         self.explore_every = explore_every
         self.prior_rate = prior_rate
         self.prior_strength = prior_strength
-        self._steps: deque[tuple[int, int, int, float, float]] = deque(maxlen=window)
+        # (rows, verify seconds) and (draft passes, drafted positions, catch-up tokens, draft seconds)
+        self._verify_samples: deque[tuple[int, float]] = deque(maxlen=window)
+        self._draft_samples: deque[tuple[int, int, int, float]] = deque(maxlen=window)
         self._global = _Acceptance()
         self._requests: dict[int, _Acceptance] = {}
         self._decisions = 0
         self._drafted_steps = 0
         self._plain_steps = 0
         self.cost: StepCost | None = None
-        # seconds per token a draft model's cache takes to catch up (0 for model-free drafters)
-        self.catch_up_token_s = 0.0
+        self.refit_every = 4
+        self._samples = 0
 
     # -- choice --------------------------------------------------------------------------------
     def choose(
@@ -196,11 +204,12 @@ class GoodputController:
             return list(max_ks) if self._drafted_steps <= self._plain_steps else [0] * len(max_ks)
         if self.cost is None:
             return list(max_ks)
-        accepts = [self.acceptance(i) for i in seq_ids]
+        glob = self._rates(self._global, None)
+        accepts = [self.acceptance(i, glob) for i in seq_ids]
         start_s = None
-        if lags is not None and remaining is not None and self.catch_up_token_s > 0:
+        if lags is not None and remaining is not None and self.cost.catch_up_token_s > 0:
             start_s = [
-                self.catch_up_token_s * lag / max(1.0, left / expected_tokens(a, k))
+                self.cost.catch_up_token_s * lag / max(1.0, left / expected_tokens(a, k))
                 for lag, left, a, k in zip(lags, remaining, accepts, max_ks)
             ]
         ks = choose_ks(accepts, max_ks, self.cost, start_s)
@@ -221,9 +230,11 @@ class GoodputController:
             ks[i] = max(ks[i], max_ks[i])
         return ks
 
-    def acceptance(self, seq_id: int) -> list[float]:
-        """The request's conditional acceptance per position, shrunk towards all requests'."""
-        glob = self._rates(self._global, None)
+    def acceptance(self, seq_id: int, glob: list[float] | None = None) -> list[float]:
+        """The request's conditional acceptance per position, shrunk towards all requests' (``glob``,
+        when the caller already has it)."""
+        if glob is None:
+            glob = self._rates(self._global, None)
         own = self._requests.get(seq_id)
         return self._rates(own, glob) if own is not None else glob
 
@@ -243,55 +254,55 @@ class GoodputController:
             self._requests.setdefault(seq_id, _Acceptance()).record(drafted, accepted)
             self._global.record(drafted, accepted, decay=0.995)  # follows drift in the mix
 
-    def record_step(self, ks: Sequence[int], draft_s: float, verify_s: float) -> None:
-        """A pure decode step (every sequence fed only its pending token) and its timing."""
+    def record_step(
+        self, ks: Sequence[int], draft_s: float, verify_s: float | None, catch_up_tokens: int = 0
+    ) -> None:
+        """A decode step's timing: ``verify_s`` only when every sequence fed just its pending token
+        (None when prompt rows rode along, which say nothing about verify cost); ``catch_up_tokens``
+        verified tokens the draft model fed before drafting (its cache catching up)."""
         if any(ks):
             self._drafted_steps += 1
-        else:
+            self._draft_samples.append((max(ks), sum(ks), catch_up_tokens, draft_s))
+        elif verify_s is not None:
             self._plain_steps += 1
-        self._steps.append((sum(k + 1 for k in ks), max(ks, default=0), sum(ks), draft_s, verify_s))
-        self.cost = self._fit()
-
-    def record_catch_up(self, ks: Sequence[int], catch_up_tokens: int, draft_s: float) -> None:
-        """A step whose draft model first caught up on ``catch_up_tokens``: what its draft time
-        exceeds the modelled draft passes by, per token (a moving average)."""
-        if catch_up_tokens <= 0 or self.cost is None:
-            return
-        modelled = self.cost.draft_pass_s * max(ks, default=0) + self.cost.draft_seq_s * sum(ks)
-        per_token = max(draft_s - modelled, 0.0) / catch_up_tokens
-        if self.catch_up_token_s == 0.0:
-            self.catch_up_token_s = per_token
-        else:
-            self.catch_up_token_s += 0.25 * (per_token - self.catch_up_token_s)
+        if verify_s is not None:
+            self._verify_samples.append((sum(k + 1 for k in ks), verify_s))
+        self._samples += 1
+        # refitting is the controller's main cost per step: every few steps is enough for a window
+        if self.cost is None or self._samples % self.refit_every == 0:
+            self.cost = self._fit()
 
     def forget(self, seq_id: int) -> None:
         self._requests.pop(seq_id, None)
 
     def _fit(self) -> StepCost | None:
-        if len(self._steps) < 4:
+        if len(self._verify_samples) < 4:
             return None
-        data = np.array(self._steps, dtype=np.float64)
-        rows, passes, positions, draft_s, verify_s = data.T
+        rows, verify_s = np.array(self._verify_samples, dtype=np.float64).T
         a, b = _nonneg_lstsq(np.column_stack([np.ones_like(rows), rows]), verify_s)
-        drafted = passes > 0
-        c = d = 0.0
-        if drafted.any():
-            c, d = _nonneg_lstsq(np.column_stack([passes[drafted], positions[drafted]]), draft_s[drafted])
-        return StepCost(a, b, c, d)
+        c = d = e = 0.0
+        if self._draft_samples:
+            passes, positions, catch_up, draft_s = np.array(self._draft_samples, dtype=np.float64).T
+            c, d, e = _nonneg_lstsq(np.column_stack([passes, positions, catch_up]), draft_s)
+        return StepCost(a, b, c, d, e)
 
 
-def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Two non-negative coefficients by least squares (dropping a column that would go negative, or
-    that the data cannot tell apart from the other)."""
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    if np.all(coef >= 0) and np.linalg.matrix_rank(x) == 2:
-        return float(coef[0]), float(coef[1])
-    fits = []
-    for keep in (0, 1):
-        column = x[:, keep]
-        denom = float(column @ column)
-        value = max(float(column @ y) / denom, 0.0) if denom > 0 else 0.0
-        residual = float(np.sum((y - value * column) ** 2))
-        fits.append((residual, keep, value))
-    _, keep, value = min(fits)
-    return (value, 0.0) if keep == 0 else (0.0, value)
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
+    """Non-negative least squares for a handful of columns: the best fit over every subset of the
+    columns whose own least-squares coefficients are all non-negative (the others held at 0). A
+    column the data cannot tell apart from the rest gets 0 rather than an arbitrary split."""
+    n = x.shape[1]
+    best: tuple[float, tuple[float, ...]] = (float(np.sum(y**2)), (0.0,) * n)
+    for size in range(1, n + 1):
+        for subset in itertools.combinations(range(n), size):
+            columns = x[:, subset]
+            coef, _, rank, _ = np.linalg.lstsq(columns, y, rcond=None)
+            if rank < size or np.any(coef < 0):
+                continue
+            residual = float(np.sum((y - columns @ coef) ** 2))
+            if residual < best[0] * (1 - 1e-9):
+                full = [0.0] * n
+                for j, value in zip(subset, coef):
+                    full[j] = float(value)
+                best = (residual, tuple(full))
+    return best[1]
