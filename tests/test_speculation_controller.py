@@ -125,7 +125,7 @@ def test_it_drafts_when_it_pays_and_stops_when_it_does_not() -> None:
 
 def test_exploration_drafts_for_a_few_rotating_sequences_only() -> None:
     never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
-    controller = GoodputController(warmup_steps=2, explore_every=8)
+    controller = GoodputController(warmup_steps=2, explore_every=8, max_explore_every=8)
     drive(controller, never, accept=0.85, batch=16, steps=40)  # warm: the model says plain
     drafted_steps = []
     for _ in range(64):
@@ -137,9 +137,24 @@ def test_exploration_drafts_for_a_few_rotating_sequences_only() -> None:
     assert len({i for s in drafted_steps for i in s}) >= 8  # rotating over the batch
 
 
+def test_exploration_backs_off_while_plain_wins_and_resets_when_drafting_pays() -> None:
+    never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
+    controller = GoodputController(warmup_steps=2, explore_every=16, max_explore_every=1024)
+    drive(controller, never, accept=0.85, batch=4, steps=2000)
+    # intervals 16, 32, 64, ... 1024: about a dozen explorations in 2000 steps, not 2000 / 16
+    assert 5 <= controller._explorations <= 12
+    assert controller._explore_interval == 1024
+    # a heavier target pass (the same draft): drafting pays now, and the model sees it from the
+    # verify timings alone; exploring goes back to the base rate at once
+    heavy = StepCost(target_base_s=0.5, target_row_s=0.0005, draft_pass_s=0.030, draft_seq_s=0.005)
+    chosen = drive(controller, heavy, accept=0.95, batch=4, steps=100)
+    assert sum(k > 0 for k in chosen[-50:]) >= 45
+    assert controller._explore_interval == 16
+
+
 def test_exploration_picks_the_sequences_whose_draft_cache_lags_least() -> None:
     never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
-    controller = GoodputController(warmup_steps=2, explore_every=4)
+    controller = GoodputController(warmup_steps=2, explore_every=4, max_explore_every=4)
     drive(controller, never, accept=0.85, batch=6, steps=40)
     lags = [400, 300, 3, 200, 1, 500]
     explored = []

@@ -154,9 +154,11 @@ class GoodputController:
     """Online acceptance and cost estimates feeding ``choose_ks``.
 
     Warm-up: until the cost model has seen both drafting and plain steps, steps alternate between
-    the requested k and plain. Afterwards, in one step in ``explore_every``, a few sequences draft at
-    the requested k whatever the model says, so that the draft cost and acceptance stay measured while
-    the model prefers plain (that step may be a little slower).
+    the requested k and plain. Afterwards, once every ``explore_every`` steps, a few sequences draft
+    at the requested k whatever the model says, so that the draft cost and acceptance stay measured
+    while the model prefers plain. Such a step costs (a draft cache catches up), so the interval
+    doubles, up to ``max_explore_every``, each time the model chose plain all along since the last
+    one, and falls back to ``explore_every`` as soon as the model drafts on its own.
     """
 
     def __init__(
@@ -164,17 +166,27 @@ class GoodputController:
         window: int = 64,
         warmup_steps: int = 6,
         explore_every: int = 256,
+        max_explore_every: int = 8192,
         prior_rate: float = 0.6,
         prior_strength: float = 3.0,
     ) -> None:
         self.window = window
         self.warmup_steps = warmup_steps
         self.explore_every = explore_every
+        self.max_explore_every = max_explore_every
+        self._explore_interval = explore_every
+        self._next_explore = explore_every
+        self._drafted_since_explore = False
+        self._explorations = 0
         self.prior_rate = prior_rate
         self.prior_strength = prior_strength
-        # (rows, verify seconds) and (draft passes, drafted positions, catch-up tokens, draft seconds)
-        self._verify_samples: deque[tuple[int, float]] = deque(maxlen=window)
-        self._draft_samples: deque[tuple[int, int, int, float]] = deque(maxlen=window)
+        # the last ``window`` samples of each shape: (rows) -> verify seconds, (draft passes, drafted
+        # positions) -> draft seconds, and catch-up steps. Kept per shape, because a batch that runs
+        # plain for a long while repeats one shape; a plain sliding window would then forget what
+        # more rows cost, and the fit could no longer tell a pass's fixed cost from a row's
+        self._verify_samples: dict[int, deque[float]] = {}
+        self._draft_samples: dict[tuple[int, int], deque[float]] = {}
+        self._catch_up_samples: deque[tuple[int, int, int, float]] = deque(maxlen=window)
         self._global = _Acceptance()
         self._requests: dict[int, _Acceptance] = {}
         self._decisions = 0
@@ -213,7 +225,15 @@ class GoodputController:
                 for lag, left, a, k in zip(lags, remaining, accepts, max_ks)
             ]
         ks = choose_ks(accepts, max_ks, self.cost, start_s)
-        if self._decisions % self.explore_every == 0:
+        if any(ks):  # drafting pays again: explore at the base rate from now on
+            self._drafted_since_explore = True
+            self._explore_interval = self.explore_every
+            self._next_explore = min(self._next_explore, self._decisions + self.explore_every)
+        if self._decisions >= self._next_explore:
+            if not self._drafted_since_explore:
+                self._explore_interval = min(2 * self._explore_interval, self.max_explore_every)
+            self._next_explore = self._decisions + self._explore_interval
+            self._drafted_since_explore = False
             ks = self._explore(ks, max_ks, lags)
         return ks
 
@@ -223,7 +243,8 @@ class GoodputController:
         the acceptance measured, and to vary drafted positions against draft passes. Rarely and
         few, because a draft model that sat out plain rounds first catches up on what it missed."""
         n = len(ks)
-        turn = self._decisions // self.explore_every
+        turn = self._explorations
+        self._explorations += 1
         size = min(n, 1 + turn % 2)
         order = sorted(range(n), key=lambda i: (lags[i] if lags is not None else 0, (i - turn) % n))
         for i in order[:size]:
@@ -262,11 +283,16 @@ class GoodputController:
         verified tokens the draft model fed before drafting (its cache catching up)."""
         if any(ks):
             self._drafted_steps += 1
-            self._draft_samples.append((max(ks), sum(ks), catch_up_tokens, draft_s))
+            if catch_up_tokens:
+                self._catch_up_samples.append((max(ks), sum(ks), catch_up_tokens, draft_s))
+            else:
+                shape = (max(ks), sum(ks))
+                self._draft_samples.setdefault(shape, deque(maxlen=self.window)).append(draft_s)
         elif verify_s is not None:
             self._plain_steps += 1
         if verify_s is not None:
-            self._verify_samples.append((sum(k + 1 for k in ks), verify_s))
+            rows = sum(k + 1 for k in ks)
+            self._verify_samples.setdefault(rows, deque(maxlen=self.window)).append(verify_s)
         self._samples += 1
         # refitting is the controller's main cost per step: every few steps is enough for a window
         if self.cost is None or self._samples % self.refit_every == 0:
@@ -276,13 +302,16 @@ class GoodputController:
         self._requests.pop(seq_id, None)
 
     def _fit(self) -> StepCost | None:
-        if len(self._verify_samples) < 4:
+        verify = [(rows, t) for rows, times in self._verify_samples.items() for t in times]
+        if len(verify) < 4:
             return None
-        rows, verify_s = np.array(self._verify_samples, dtype=np.float64).T
+        rows, verify_s = np.array(verify, dtype=np.float64).T
         a, b = _nonneg_lstsq(np.column_stack([np.ones_like(rows), rows]), verify_s)
+        draft = [(p, q, 0, t) for (p, q), times in self._draft_samples.items() for t in times]
+        draft += list(self._catch_up_samples)
         c = d = e = 0.0
-        if self._draft_samples:
-            passes, positions, catch_up, draft_s = np.array(self._draft_samples, dtype=np.float64).T
+        if draft:
+            passes, positions, catch_up, draft_s = np.array(draft, dtype=np.float64).T
             c, d, e = _nonneg_lstsq(np.column_stack([passes, positions, catch_up]), draft_s)
         return StepCost(a, b, c, d, e)
 
