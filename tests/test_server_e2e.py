@@ -51,6 +51,7 @@ class Server:
     grpc: str
     metrics: str
     log: Path
+    admin_key_file: Path
 
     def ready(self) -> bool:
         try:
@@ -96,10 +97,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--http-port", str(http),
         "--grpc-port", str(grpc),
         "--metrics-port", str(metrics),
+        "--admin-key-file", str(tmp / "admin-key"),
     ]  # fmt: skip
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    srv = Server(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log)
+        env = {k: v for k, v in os.environ.items() if k != "SPECDEC_ADMIN_KEY"}
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    srv = Server(
+        process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, tmp / "admin-key"
+    )
     deadline = time.monotonic() + 240
     while not srv.ready():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -166,6 +171,7 @@ def grpc_stream(
     timeout_s: float = 120.0,
     cancel_after: int | None = None,
     started: threading.Event | None = None,
+    parameters: dict[str, object] | None = None,
     **values: object,
 ) -> StreamResult:
     responses: queue.Queue = queue.Queue()
@@ -176,7 +182,12 @@ def grpc_stream(
             callback=lambda result, error: responses.put((result, error)),
             stream_timeout=timeout_s,
         )
-        client.async_stream_infer("specdec", bls_inputs(prompt, **values), enable_empty_final_response=True)
+        client.async_stream_infer(
+            "specdec",
+            bls_inputs(prompt, **values),
+            enable_empty_final_response=True,
+            parameters=parameters,
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -481,7 +492,74 @@ def test_bad_requests_are_refused_naming_the_field(server: Server) -> None:
     assert server.ready()
 
 
-# -- 4. killing the Python stub (last: it restarts the server) ---------------------------------------
+# -- 4. refusals are explicit and counted; admin APIs need the key -----------------------------------
+def test_unknown_keys_and_oversized_prompts_are_refused_and_counted(server: Server) -> None:
+    import urllib3
+
+    reasons = ("unknown_parameter", "too_long", "invalid_input")
+    before = {r: server.metric_or_zero("specdec_requests_rejected_total", reason=r) for r in reasons}
+    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=5, read=30))
+    url = f"http://{server.http}/v2/models/specdec/generate_stream"
+    # a misspelled JSON key becomes a request parameter in Triton: refused naming it, not ignored
+    resp = http.request("POST", url, json={"text_input": "hi", "max_token": 4})
+    assert resp.status == 400 and "max_token" in resp.data.decode(), resp.data[:300]
+    over_grpc = grpc_stream(server, "hi", timeout_s=30, parameters={"temprature": 0.5})
+    assert over_grpc.error is not None and "temprature" in over_grpc.error.message()
+    # refused on its byte size, before it is tokenised
+    huge = grpc_stream(server, "word " * 100_000, timeout_s=30)
+    assert huge.error is not None and "serving.max_prompt_bytes" in huge.error.message()
+    bad = grpc_stream(server, "hi", timeout_s=30, top_p=1.5)
+    assert bad.error is not None and "top_p" in bad.error.message()
+    after = {r: server.metric("specdec_requests_rejected_total", reason=r) for r in reasons}
+    assert after["unknown_parameter"] - before["unknown_parameter"] == 2
+    assert after["too_long"] - before["too_long"] == 1
+    assert after["invalid_input"] - before["invalid_input"] == 1
+    assert "refused request" in server.log.read_text() and "word word" not in server.log.read_text()
+
+
+ADMIN_HTTP = [
+    ("GET", "/v2/logging"),
+    ("GET", "/v2/trace/setting"),
+    ("GET", "/v2/systemsharedmemory/status"),
+    ("POST", "/v2/repository/index"),
+]
+
+
+def test_admin_apis_need_the_key_inference_and_health_do_not(server: Server) -> None:
+    import urllib3
+
+    key = server.admin_key_file.read_text().strip()
+    assert key and server.admin_key_file.stat().st_mode & 0o777 == 0o600
+    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=5, read=30))
+    for method, path in ADMIN_HTTP:
+        refused = http.request(method, f"http://{server.http}{path}")
+        assert refused.status == 403, (path, refused.status, refused.data[:200])
+        allowed = http.request(method, f"http://{server.http}{path}", headers={"specdec-admin-key": key})
+        assert allowed.status == 200, (path, allowed.status, allowed.data[:200])
+        wrong = http.request(method, f"http://{server.http}{path}", headers={"specdec-admin-key": "x"})
+        assert wrong.status == 403, path
+    client = grpcclient.InferenceServerClient(server.grpc)
+    try:
+        calls = (client.get_log_settings, client.get_system_shared_memory_status, client.get_trace_settings)
+        for call in calls:
+            with pytest.raises(InferenceServerException, match="restricted"):
+                call()
+            call(headers={"specdec-admin-key": key})
+        assert client.is_server_ready() and client.get_model_metadata("specdec")
+    finally:
+        client.close()
+    assert grpc_stream(server, "hi", max_tokens=2).error is None  # inference stays open
+
+
+def test_shm_regions_are_owner_only(server: Server) -> None:
+    regions = list(Path("/dev/shm").glob(f"specdec_{server.process.pid}_*"))
+    assert regions
+    assert all(path.stat().st_mode & 0o777 == 0o600 for path in regions), [
+        (p.name, oct(p.stat().st_mode)) for p in regions
+    ]
+
+
+# -- 5. killing the Python stub (last: it restarts the server) ---------------------------------------
 def test_killed_stub_errors_clients_and_supervisor_restarts(server: Server) -> None:
     from trispec.serving.tritonserver import find_stubs
 

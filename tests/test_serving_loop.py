@@ -9,8 +9,9 @@ import time
 import numpy as np
 import pytest
 from tiny import FaultyEngine, model_drafter, run_to_completion, spec_engine, tiny_engine
+from trispec.errors import Overloaded
 from trispec.request import GenerationRequest
-from trispec.serving.loop import RoundReport, ServingLoop
+from trispec.serving.loop import QueueLimits, RoundReport, ServingLoop
 from trispec.serving.tensors import ParsedRequest
 
 PROMPTS = ["héllo wörld", "speculative decoding", "a b c d e f", "zzz"]
@@ -20,6 +21,7 @@ class RecordingSink:
     def __init__(self, cancel_after: int | None = None) -> None:
         self.responses: list[tuple[dict[str, np.ndarray], bool]] = []
         self.errors: list[str] = []
+        self.error_kinds: list[str] = []
         self.done = threading.Event()
         self.cancel_after = cancel_after
 
@@ -32,8 +34,9 @@ class RecordingSink:
         if final:
             self.done.set()
 
-    def send_error(self, message: str) -> None:
+    def send_error(self, message: str, kind: str = "internal") -> None:
         self.errors.append(message)
+        self.error_kinds.append(kind)
         self.done.set()
 
     @property
@@ -50,9 +53,13 @@ class RecordingSink:
 class RecordingMetrics:
     def __init__(self) -> None:
         self.reports: list[RoundReport] = []
+        self.rejections: list[str] = []
 
     def record(self, report: RoundReport) -> None:
         self.reports.append(report)
+
+    def record_rejection(self, reason: str) -> None:
+        self.rejections.append(reason)
 
 
 def offline_texts(prompts: list[str], **kw: object) -> list[str]:
@@ -156,3 +163,40 @@ def test_stop_ends_live_requests_with_an_error() -> None:
     assert sink.errors == ["the model is shutting down"] or sink.responses[-1][1]
     with pytest.raises(RuntimeError):
         submit(loop, "late", RecordingSink(), max_tokens=4)
+
+
+def test_a_full_queue_refuses_at_once_and_counts_it() -> None:
+    metrics = RecordingMetrics()
+    loop = ServingLoop(spec_engine(tiny_engine(0), None), metrics, QueueLimits(max_waiting=2))
+    sinks = [RecordingSink() for _ in range(3)]
+    submit(loop, "a", sinks[0], max_tokens=4)
+    submit(loop, "b", sinks[1], max_tokens=4)  # the loop is not started: both still wait
+    with pytest.raises(Overloaded, match=r"scheduler\.max_waiting") as refused:
+        submit(loop, "c", sinks[2], max_tokens=4)
+    assert refused.value.reason == "queue_full" and loop.num_live() == 2
+    loop.reject(refused.value.reason, "req-3", str(refused.value))
+    assert metrics.rejections == ["queue_full"]
+
+
+def test_a_request_waiting_past_max_queue_delay_is_refused_retryably() -> None:
+    metrics = RecordingMetrics()
+    engine = spec_engine(tiny_engine(0), None, max_batch_size=1)
+    loop = ServingLoop(engine, metrics, QueueLimits(max_queue_delay_s=5.0))
+    running, waiting = RecordingSink(), RecordingSink()
+    submit(loop, "first", running, max_tokens=6)
+    submit(loop, "second", waiting, max_tokens=6)
+    engine.step()  # admits the first; the batch holds one
+    assert engine.queued_request_ids() == [1]
+    for state in loop._live.values():
+        state.submitted_at -= 10  # both were sent 10 s ago: only the one still waiting is refused
+    loop._expire_waiting()
+    assert waiting.done.is_set() and waiting.error_kinds == ["unavailable"]
+    assert "scheduler.max_queue_delay_s" in waiting.errors[0]
+    assert metrics.rejections == ["queue_timeout"] and not running.done.is_set()
+    loop.start()
+    try:
+        wait(running)
+    finally:
+        loop.stop()
+    assert running.final["finish_reason"][0, 0] == b"length"
+    assert engine.queued_request_ids() == []

@@ -11,6 +11,7 @@ from trispec.serving.tensors import (
     INPUTS,
     OUTPUTS,
     as_tensor_error,
+    check_parameters,
     parse_inputs,
     response_tensors,
 )
@@ -135,3 +136,34 @@ def test_readme_lists_exactly_the_ignored_inputs() -> None:
     paragraph = readme.split("Accepted and **ignored**", 1)[1].split("No log-prob", 1)[0]
     listed = {part.strip("` \n,.") for part in paragraph.split("`")[1::2]}
     assert listed == set(IGNORED_INPUTS)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "refused"),
+    [
+        ('{"max_token": 4}', "max_token"),
+        ('{"triton_enable_empty_final_response": true, "tempreature": 0.1}', "tempreature"),
+        ('{"triton_enable_empty_final_response": true}', None),
+        ("{}", None),
+        ("", None),
+    ],
+)
+def test_unknown_request_parameters_are_refused_naming_the_key(parameters: str, refused: str | None) -> None:
+    if refused is None:
+        check_parameters(parameters)
+        return
+    with pytest.raises(InvalidInputError) as error:
+        check_parameters(parameters)
+    assert error.value.field == refused and error.value.reason == "unknown_parameter"
+    assert "max_tokens" in error.value.message  # says which inputs exist
+
+
+def test_oversized_text_input_is_refused_before_decoding() -> None:
+    given = tensors(text_input="x" * 101)
+    with pytest.raises(InvalidInputError, match=r"serving\.max_prompt_bytes") as error:
+        parse_inputs(given.get, DEFAULTS, max_prompt_bytes=100)
+    assert error.value.field == "text_input" and error.value.reason == "too_long"
+    assert parse_inputs(tensors(text_input="x" * 100).get, DEFAULTS, max_prompt_bytes=100)
+    # invalid UTF-8 past the limit: refused on size, never decoded
+    with pytest.raises(InvalidInputError, match="max_prompt_bytes"):
+        parse_inputs({"text_input": np.array([[b"\xff" * 200]], dtype=object)}.get, DEFAULTS, 100)

@@ -131,8 +131,12 @@ class SchedulerConfig(_Strict):
     max_prefill_tokens_per_step: int = Field(512, ge=1)
     max_context: int | None = Field(None, ge=2)
     block_size: int = Field(16, ge=1)
-    # per batch size, measure speculative vs plain throughput and draft only where it pays off
+    # per request and step, k in 0..num_draft_tokens by measured goodput (speculation.py)
     adaptive_speculation: bool = True
+    # serving only: requests waiting for a slot beyond these are refused at once (retryable);
+    # null = unbounded (the offline CLI and the benchmark never refuse)
+    max_waiting: int | None = Field(64, ge=0)
+    max_queue_delay_s: float | None = Field(2.0, gt=0)
 
     @model_validator(mode="after")
     def _default_within_max(self) -> SchedulerConfig:
@@ -215,12 +219,18 @@ class GenerationDefaults(_Strict):
     top_p: float = Field(1.0, gt=0, le=1)
 
 
+class ServingConfig(_Strict):
+    # text_input larger than this is refused before it is tokenised (tokenising 10 MB takes seconds)
+    max_prompt_bytes: int = Field(262_144, ge=1)
+
+
 class SpecDecConfig(_Strict):
     engine: EngineConfig = EngineConfig()
     target: ModelConfig
     drafter: DrafterConfig = DrafterConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     defaults: GenerationDefaults = GenerationDefaults()
+    serving: ServingConfig = ServingConfig()
     num_threads: int | None = Field(None, ge=1)
     trtllm: TrtllmConfig | None = None
 

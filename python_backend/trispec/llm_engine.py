@@ -35,6 +35,10 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def queued_request_ids(self) -> list[int]:
+        """Requests waiting for a slot in the running batch (or not yet seen by a step), oldest first."""
+        return self.scheduler.queued_ids()
+
     # -- state for metrics ----------------------------------------------------------------------
     @property
     def stats(self) -> EngineStats:

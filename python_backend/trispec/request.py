@@ -58,7 +58,9 @@ def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limi
         raise InvalidInputError(field_name, f"token ids must be integers in [0, {limits.vocab_size})")
     if len(prompt_ids) >= limits.max_context:
         raise InvalidInputError(
-            field_name, f"{len(prompt_ids)} tokens is longer than the context ({limits.max_context} tokens)"
+            field_name,
+            f"{len(prompt_ids)} tokens is longer than the context ({limits.max_context} tokens)",
+            reason="too_long",
         )
     if not _is_int(request.max_tokens) or request.max_tokens <= 0:
         raise InvalidInputError("max_tokens", f"must be a positive integer, got {request.max_tokens!r}")
@@ -67,6 +69,7 @@ def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limi
             "max_tokens",
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds the context "
             f"({limits.max_context} tokens)",
+            reason="too_long",
         )
     k = request.num_draft_tokens
     if k is not None and (not _is_int(k) or not 0 <= k <= limits.max_num_draft_tokens):

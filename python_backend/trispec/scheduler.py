@@ -112,6 +112,11 @@ class Scheduler:
         with self._lock:
             self._cancels.add(request_id)
 
+    def queued_ids(self) -> list[int]:
+        """Requests not admitted yet (submitted, or waiting for a slot), oldest first."""
+        with self._lock:
+            return [s.seq_id for s in self.waiting] + [s.seq_id for s in self._inbox]
+
     def has_work(self) -> bool:
         with self._lock:
             return bool(self.waiting or self.running or self._inbox or self._pending_outputs)
@@ -202,6 +207,7 @@ class Scheduler:
                     self.stats.record_verify_batch(1)
             else:
                 self.stats.record_verify_batch(len(decodes))
+        self.stats.draft_failures += result.draft_failed
         self.stats.draft_time_s += result.draft_time_s
         self.stats.verify_time_s += result.verify_time_s
         for step in plan.steps:

@@ -85,6 +85,8 @@ class EngineStats(AcceptanceStats):
     max_verify_batch: int = 0
     verify_batches: int = 0
     verify_batch_sequences: int = 0
+    # steps whose drafter raised (they ran as plain decoding)
+    draft_failures: int = 0
 
     def record_verify_batch(self, num_sequences: int) -> None:
         self.verify_batches += 1
@@ -98,6 +100,7 @@ class EngineStats(AcceptanceStats):
             requests_finished=self.requests_finished,
             generated_tokens=self.generated_tokens,
             prefill_tokens=self.prefill_tokens,
+            draft_failures=self.draft_failures,
             max_verify_batch=self.max_verify_batch,
             mean_verify_batch=round(self.verify_batch_sequences / self.verify_batches, 3)
             if self.verify_batches

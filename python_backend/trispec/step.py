@@ -76,6 +76,8 @@ class StepResult:
     # verified tokens a draft model fed to catch up (a sequence drafting for the first time, or after
     # plain rounds): that step's draft time is not a draft step's cost either
     draft_catch_up_tokens: int = 0
+    # the drafter raised: every sequence of the step decoded plain
+    draft_failed: bool = False
 
 
 @dataclass(frozen=True)

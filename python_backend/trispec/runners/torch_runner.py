@@ -1,11 +1,13 @@
 """``TorchSpecRunner``: one step of draft -> verify -> accept on the PyTorch engine.
 
 Per step, for every sequence of the plan at once: the drafter proposes k tokens per sequence
-(batched per draft position) and takes in the prompt chunks of drafting sequences; ONE batched
-target forward scores every sequence's fed tokens and drafts and appends the prompt chunks; the
-accept rule keeps each sequence's longest verified prefix plus one target token; both caches are cut
-back to exactly what is verified. If the batched round raises, it is undone in both caches and rerun
-one sequence at a time: only a sequence that fails on its own fails.
+(batched per draft position; a draft model's cache first takes in what it lacks); ONE batched target
+forward scores every sequence's fed tokens and drafts and appends the prompt chunks; the accept rule
+keeps each sequence's longest verified prefix plus one target token; both caches are cut back to
+exactly what is verified. If the drafter raises, that step runs as plain decoding (outputs stay the
+target's) and is counted; after MAX_DRAFT_FAILURES_IN_A_ROW such steps drafting is off for the
+process. If the batched target round raises, it is undone in both caches and rerun one sequence at a
+time: only a sequence that fails on its own fails.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from trispec.verifier import verify
 
 logger = logging.getLogger(__name__)
 
+MAX_DRAFT_FAILURES_IN_A_ROW = 3
+
 
 class TorchSpecRunner:
     def __init__(self, target: Engine, drafter: Drafter | None = None) -> None:
@@ -34,6 +38,8 @@ class TorchSpecRunner:
         self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
         self._generators: dict[int, torch.Generator | None] = {}
         self._drafting: set[int] = set()
+        self._draft_failures_in_a_row = 0
+        self.drafting_off = False  # set after repeated drafter failures, until restart
 
     @classmethod
     def from_config(cls, config: SpecDecConfig) -> TorchSpecRunner:
@@ -68,8 +74,11 @@ class TorchSpecRunner:
     def free(self, seq_id: int) -> None:
         self.target.free(seq_id)
         if seq_id in self._drafting:
-            self.drafter.free(seq_id)
             self._drafting.discard(seq_id)
+            try:
+                self.drafter.free(seq_id)
+            except Exception:  # a broken drafter must not keep the target's blocks from returning
+                logger.exception("the drafter failed to free sequence %d", seq_id)
         self._generators.pop(seq_id, None)
 
     def cached_length(self, seq_id: int) -> int:
@@ -101,7 +110,7 @@ class TorchSpecRunner:
                     f"{self.target.cached_length(s.seq_id)}"
                 )
         t0 = time.perf_counter()
-        drafts = self._draft(decodes)
+        drafts, draft_failed = self._draft(decodes)
         t1 = time.perf_counter()
         # one batched target pass: each decode feeds its new tokens + drafts and wants logits for the
         # last k + 1 (row i scores draft i, the last row the bonus); prompt chunks want none
@@ -118,18 +127,27 @@ class TorchSpecRunner:
             # fed in the next step
             computed = s.feed_to + accepted.num_accepted
             self.target.truncate(s.seq_id, computed)
-            if s.seq_id in self._drafting:
-                self.drafter.rollback(s.seq_id, computed)
+            self._rollback_draft(s.seq_id, computed)
             results[s.seq_id] = SeqResult(
                 s.seq_id, accepted.tokens, len(draft.tokens), accepted.num_accepted, computed
             )
         for s in chunks:
             results[s.seq_id] = SeqResult(s.seq_id, num_computed=s.feed_to)
         catch_up = sum(d.catch_up_tokens for d in drafts)
-        return StepResult(results, t1 - t0, time.perf_counter() - t1, draft_catch_up_tokens=catch_up)
+        return StepResult(
+            results,
+            t1 - t0,
+            time.perf_counter() - t1,
+            draft_catch_up_tokens=catch_up,
+            draft_failed=draft_failed,
+        )
 
-    def _draft(self, decodes: Sequence[SeqStep]) -> list[DraftProposal]:
-        drafting = [i for i, s in enumerate(decodes) if s.num_draft_tokens > 0]
+    def _draft(self, decodes: Sequence[SeqStep]) -> tuple[list[DraftProposal], bool]:
+        """Each decode's proposal (empty for k = 0), and whether the drafter failed this step."""
+        proposals = [DraftProposal([]) for _ in decodes]
+        drafting = [i for i, s in enumerate(decodes) if s.num_draft_tokens > 0 and not self.drafting_off]
+        if not drafting:
+            return proposals, False
         requests = [
             DraftRequest(
                 decodes[i].seq_id,
@@ -140,10 +158,36 @@ class TorchSpecRunner:
             )
             for i in drafting
         ]
-        proposals = [DraftProposal([]) for _ in decodes]
-        for i, proposal in zip(drafting, self.drafter.propose(requests)):
+        try:
+            proposed = self.drafter.propose(requests)
+        except Exception as exc:
+            self._draft_failed(exc, len(requests))
+            return proposals, True
+        self._draft_failures_in_a_row = 0
+        for i, proposal in zip(drafting, proposed):
             proposals[i] = proposal
-        return proposals
+        return proposals, False
+
+    def _draft_failed(self, exc: BaseException, num_sequences: int) -> None:
+        self._draft_failures_in_a_row += 1
+        logger.warning("the drafter failed (%r): %d sequences decode plain this step", exc, num_sequences)
+        if self._draft_failures_in_a_row >= MAX_DRAFT_FAILURES_IN_A_ROW and not self.drafting_off:
+            self.drafting_off = True
+            logger.error(
+                "the drafter failed %d steps in a row: drafting is off until the process restarts",
+                self._draft_failures_in_a_row,
+            )
+
+    def _rollback_draft(self, seq_id: int, num_verified: int) -> None:
+        """Cut a sequence's draft cache back to its verified tokens. A draft cache that cannot be
+        fixed is of no use: drafting goes off rather than failing the target's work."""
+        if seq_id not in self._drafting or self.drafting_off:
+            return
+        try:
+            self.drafter.rollback(seq_id, num_verified)
+        except Exception as exc:
+            self._draft_failures_in_a_row = MAX_DRAFT_FAILURES_IN_A_ROW - 1
+            self._draft_failed(exc, 1)
 
     def _isolate(self, steps: Sequence[SeqStep], exc: Exception) -> StepResult:
         """A batched round raised: undo it, then rerun each sequence alone so that only the ones
@@ -176,5 +220,4 @@ class TorchSpecRunner:
         for s in steps:
             if self.target.cached_length(s.seq_id) > s.num_computed:
                 self.target.truncate(s.seq_id, s.num_computed)
-            if s.seq_id in self._drafting:
-                self.drafter.rollback(s.seq_id, s.num_computed)
+            self._rollback_draft(s.seq_id, s.num_computed)

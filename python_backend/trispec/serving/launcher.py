@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
+import secrets
 import signal
 import socket
 import sys
@@ -18,6 +20,26 @@ from types import FrameType
 from trispec.errors import InvalidInputError
 
 PROG = "specdec-serve"
+ADMIN_KEY_ENV = "SPECDEC_ADMIN_KEY"
+
+
+def admin_key(path: Path) -> str:
+    """The admin key: ``$SPECDEC_ADMIN_KEY``, else the file's, else a new one written there 0600."""
+    from_env = os.environ.get(ADMIN_KEY_ENV, "").strip()
+    if from_env:
+        return from_env
+    if path.exists():
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)  # readable by others: the key would be no key
+        key = path.read_text().strip()
+        if key:
+            return key
+    key = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +70,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds Triton may spend finishing requests and unloading on shutdown; below 2 it may "
         "exit before it unloaded (default: %(default)s)",
     )
+    parser.add_argument(
+        "--admin-key-file",
+        type=Path,
+        help="where the key for Triton's admin APIs is read, or written (mode 0600) if missing "
+        f"(default: admin-key in $SPECDEC_CACHE_DIR; ${ADMIN_KEY_ENV} overrides both)",
+    )
+    parser.add_argument(
+        "--open-admin-apis",
+        action="store_true",
+        help="serve the admin APIs (shared memory, model repository, trace, logging) without a key",
+    )
     parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose level")
     parser.add_argument("--log-file", type=Path, help="write the server's log here (default: this terminal)")
     args = parser.parse_args(argv)
@@ -76,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     from trispec.config import load_config
     from trispec.serving.supervisor import Supervisor, SupervisorPolicy
     from trispec.serving.tritonserver import (
+        ADMIN_APIS,
+        ADMIN_KEY_HEADER,
         ServerOptions,
         TritonServer,
         TritonServerError,
@@ -121,6 +156,16 @@ def main(argv: list[str] | None = None) -> int:
             return fail(str(exc), 1)
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {PROG}: %(message)s", datefmt="%H:%M:%S")
+    key = None
+    if not args.open_admin_apis:
+        if args.admin_key_file is None:
+            from trispec.checkpoints import cache_dir
+
+            args.admin_key_file = cache_dir() / "admin-key"
+        try:
+            key = admin_key(args.admin_key_file.expanduser())
+        except OSError as exc:
+            return fail(f"admin key file {args.admin_key_file}: {exc}", 1)
     remove_stale_shm()
     options = ServerOptions(
         model_repository=repository,
@@ -131,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         exit_timeout_s=args.exit_timeout,
         log_verbose=args.log_verbose,
         log_file=args.log_file,
+        admin_key=key,
     )
 
     def announce(server: TritonServer, restarts: int) -> None:
@@ -143,6 +189,15 @@ def main(argv: list[str] | None = None) -> int:
             f"metrics http://{host}:{args.metrics_port}/metrics  (repository {repository})",
             flush=True,
         )
+        if key is None:
+            print(f"{PROG}: admin APIs ({', '.join(ADMIN_APIS)}) are open to every client", flush=True)
+        else:
+            where = f"${ADMIN_KEY_ENV}" if os.environ.get(ADMIN_KEY_ENV, "").strip() else args.admin_key_file
+            print(
+                f"{PROG}: admin APIs ({', '.join(ADMIN_APIS)}) need header '{ADMIN_KEY_HEADER}: <key>', "
+                f"key in {where}",
+                flush=True,
+            )
 
     try:
         supervisor = Supervisor(options, SupervisorPolicy(ready_timeout_s=args.ready_timeout), announce)

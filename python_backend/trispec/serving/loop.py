@@ -13,10 +13,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
+from trispec.errors import Overloaded
 from trispec.llm_engine import LLMEngine
 from trispec.scheduler import RequestOutput
 from trispec.sequence import FinishReason
@@ -27,6 +28,11 @@ from trispec.step import KVUsage
 logger = logging.getLogger(__name__)
 
 
+# what an error response says to the client: Triton's INTERNAL, INVALID_ARG (HTTP 400) or
+# UNAVAILABLE (HTTP 503, gRPC UNAVAILABLE: retry later or elsewhere)
+ErrorKind = Literal["internal", "invalid", "unavailable"]
+
+
 class ResponseSink(Protocol):
     """Where one request's responses go."""
 
@@ -34,9 +40,17 @@ class ResponseSink(Protocol):
 
     def send(self, tensors: dict[str, np.ndarray], final: bool) -> None: ...
 
-    def send_error(self, message: str) -> None:
+    def send_error(self, message: str, kind: ErrorKind = "internal") -> None:
         """An error response that also ends the request."""
         ...
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """Admission bounds (``scheduler.max_waiting`` / ``max_queue_delay_s``; None: unbounded)."""
+
+    max_waiting: int | None = None
+    max_queue_delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,8 @@ class RoundReport:
 class LoopMetrics(Protocol):
     def record(self, report: RoundReport) -> None: ...
 
+    def record_rejection(self, reason: str) -> None: ...
+
 
 @dataclass
 class _Live:
@@ -65,14 +81,18 @@ class _Live:
     prompt: str
     stream: bool
     exclude_input_in_output: bool
+    submitted_at: float = field(default_factory=time.monotonic)
     text: str = ""  # accumulated for stream=false
     token_count: int = 0
 
 
 class ServingLoop:
-    def __init__(self, engine: LLMEngine, metrics: LoopMetrics | None = None) -> None:
+    def __init__(
+        self, engine: LLMEngine, metrics: LoopMetrics | None = None, limits: QueueLimits = QueueLimits()
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.limits = limits
         self._live: dict[int, _Live] = {}
         # held while a request is registered, and while a round's outputs are dispatched, so an
         # output never arrives for a request that is not registered yet
@@ -86,9 +106,16 @@ class ServingLoop:
         self._thread.start()
 
     def submit(self, request: ParsedRequest, sink: ResponseSink) -> int:
-        """Queue a request (raises ``InvalidInputError`` naming the field; nothing is queued then)."""
+        """Queue a request. Raises ``InvalidInputError`` naming the field, or ``Overloaded`` when the
+        waiting queue is full; nothing is queued then."""
         if self._stopping.is_set():
-            raise RuntimeError("the model is shutting down")
+            raise Overloaded("shutting_down", "the model is shutting down")
+        queued, limit = len(self.engine.queued_request_ids()), self.limits.max_waiting
+        if limit is not None and queued >= limit:
+            raise Overloaded(
+                "queue_full",
+                f"{queued} requests are waiting for a slot (scheduler.max_waiting {limit}); retry later",
+            )
         with self._lock:
             request_id = self.engine.add_request(request.generation)
             self._live[request_id] = _Live(
@@ -96,6 +123,15 @@ class ServingLoop:
             )
         self._wake.set()
         return request_id
+
+    def reject(self, reason: str, request_id: str, message: str) -> None:
+        """Account a refused request: one INFO line (never the prompt) and the metric."""
+        logger.info("refused request %s (%s): %s", request_id or "-", reason, message)
+        if self.metrics is not None:
+            try:
+                self.metrics.record_rejection(reason)
+            except Exception:
+                logger.exception("recording a rejection failed")
 
     def num_live(self) -> int:
         with self._lock:
@@ -110,7 +146,7 @@ class ServingLoop:
         with self._lock:
             live, self._live = self._live, {}
         for state in live.values():
-            self._send_error(state, "the model is shutting down")
+            self._send_error(state, "the model is shutting down", "unavailable")
 
     # -- the loop thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -122,6 +158,7 @@ class ServingLoop:
                 self._wake.clear()
                 continue
             self._check_cancellations()
+            self._expire_waiting()
             start = time.perf_counter()
             try:
                 outputs = self.engine.step()
@@ -144,6 +181,28 @@ class ServingLoop:
                 cancelled = True
             if cancelled:
                 self.engine.cancel(request_id)
+
+    def _expire_waiting(self) -> None:
+        """Refuse (retryable) every request that waited for a slot longer than max_queue_delay_s."""
+        delay = self.limits.max_queue_delay_s
+        if delay is None:
+            return
+        now = time.monotonic()
+        queued = self.engine.queued_request_ids()
+        expired = []
+        with self._lock:
+            for request_id in queued:
+                state = self._live.get(request_id)
+                if state is not None and now - state.submitted_at > delay:
+                    expired.append((request_id, self._live.pop(request_id)))
+        for request_id, state in expired:
+            self.engine.cancel(request_id)
+            message = (
+                f"no slot within scheduler.max_queue_delay_s ({delay:g} s); {len(queued)} requests were "
+                "waiting; retry later"
+            )
+            self.reject("queue_timeout", str(request_id), message)
+            self._send_error(state, message, "unavailable")
 
     def _dispatch(self, outputs: list[RequestOutput]) -> list[str]:
         finished = []
@@ -190,9 +249,9 @@ class ServingLoop:
             self._send_error(state, message)
 
     @staticmethod
-    def _send_error(state: _Live, message: str) -> None:
+    def _send_error(state: _Live, message: str, kind: ErrorKind = "internal") -> None:
         try:
-            state.sink.send_error(message)
+            state.sink.send_error(message, kind)
         except Exception:
             logger.exception("sending an error response failed")
 

@@ -61,6 +61,10 @@ class TritonMetrics:
             for state in ("used", "free")
         }
         self._requests: dict[str, Any] = {}
+        self._rejected: dict[str, Any] = {}
+        self.draft_failures = metric(
+            "specdec_draft_failures_total", counter, "Steps whose drafter failed (run as plain decoding)"
+        )
         self._accepted_at: list[Any] = []
         self._planned: list[Any] = []
         self._last = EngineStats()  # the totals at the previous report
@@ -71,6 +75,16 @@ class TritonMetrics:
                 "specdec_requests_total", self._family.COUNTER, "Finished requests", finish_reason=reason
             )
         return self._requests[reason]
+
+    def record_rejection(self, reason: str) -> None:
+        if reason not in self._rejected:
+            self._rejected[reason] = self._metric(
+                "specdec_requests_rejected_total",
+                self._family.COUNTER,
+                "Requests refused before generation, by reason",
+                reason=reason,
+            )
+        self._rejected[reason].increment(1)
 
     def _accepted_position(self, position: int) -> Any:
         while len(self._accepted_at) <= position:
@@ -106,6 +120,7 @@ class TritonMetrics:
             (self.draft_tokens, "draft_tokens"),
             (self.accepted_tokens, "accepted_tokens"),
             (self.verify_rounds, "rounds"),
+            (self.draft_failures, "draft_failures"),
         ):
             delta = getattr(totals, name) - getattr(last, name)
             if delta:

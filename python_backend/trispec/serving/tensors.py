@@ -9,6 +9,7 @@ bad value raises ``InvalidInputError`` naming the tensor.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,11 +166,39 @@ def _seed(get: GetInput) -> int | None:
     return seed if seed is not None else random_seed
 
 
-def parse_inputs(get: GetInput, defaults: GenerationDefaults) -> ParsedRequest:
-    """Turn a request's tensors into a ``GenerationRequest``; unset fields take the YAML defaults."""
+# request parameters Triton itself sets (tritonclient's streaming option); any other parameter is
+# a key the model does not know, e.g. a misspelled JSON key over HTTP
+TRITON_PARAMETER_PREFIX = "triton_"
+
+
+def check_parameters(parameters_json: str) -> None:
+    """Refuse request parameters the model does not read. Over HTTP, Triton turns every JSON key that
+    is not an input into a parameter: a misspelled ``max_token`` would otherwise be ignored."""
+    parameters = json.loads(parameters_json) if parameters_json else {}
+    unknown = sorted(k for k in parameters if not k.startswith(TRITON_PARAMETER_PREFIX))
+    if unknown:
+        known = ", ".join(spec.name for spec in INPUTS if spec.used)
+        raise InvalidInputError(
+            unknown[0], f"unknown input or parameter (known inputs: {known})", reason="unknown_parameter"
+        )
+
+
+def parse_inputs(
+    get: GetInput, defaults: GenerationDefaults, max_prompt_bytes: int | None = None
+) -> ParsedRequest:
+    """Turn a request's tensors into a ``GenerationRequest``; unset fields take the YAML defaults.
+    A ``text_input`` over ``max_prompt_bytes`` is refused before anything decodes or tokenises it."""
     prompt_value = _one(get, "text_input")
     if prompt_value is None:
         raise InvalidInputError("text_input", "is required")
+    if max_prompt_bytes is not None and isinstance(prompt_value, bytes | np.bytes_):
+        size = len(prompt_value)
+        if size > max_prompt_bytes:
+            raise InvalidInputError(
+                "text_input",
+                f"{size} bytes is over serving.max_prompt_bytes ({max_prompt_bytes})",
+                reason="too_long",
+            )
     prompt = _text("text_input", prompt_value)
     if not prompt:
         raise InvalidInputError("text_input", "must not be empty")

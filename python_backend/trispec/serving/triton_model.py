@@ -2,7 +2,9 @@
 
 ``model_repository/specdec/1/model.py`` only re-exports :class:`TritonPythonModel`. ``execute()``
 validates each request and hands it to the loop, then returns at once (the model is decoupled);
-responses are sent from the loop's thread. Bad input gets an INVALID_ARG error naming the tensor.
+responses are sent from the loop's thread. Bad input (an unknown parameter too) gets an INVALID_ARG
+error naming the tensor or key; a full queue gets UNAVAILABLE (retryable); each refusal is counted in
+``specdec_requests_rejected_total{reason}`` and logged once.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from trispec.errors import InvalidInputError
-from trispec.serving.loop import ServingLoop
-from trispec.serving.tensors import as_tensor_error, parse_inputs
+from trispec.errors import InvalidInputError, Overloaded
+from trispec.serving.loop import ErrorKind, QueueLimits, ServingLoop
+from trispec.serving.tensors import as_tensor_error, check_parameters, parse_inputs
 
 # model config parameter holding the YAML path; empty means the built-in default config
 CONFIG_PARAMETER = "specdec_config"
@@ -45,9 +47,13 @@ class TritonResponseSink:
         response = pb.InferenceResponse(output_tensors=[pb.Tensor(n, a) for n, a in tensors.items()])
         self._sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
-    def send_error(self, message: str, invalid_argument: bool = False) -> None:
+    def send_error(self, message: str, kind: ErrorKind = "internal") -> None:
         pb = self._pb
-        code = pb.TritonError.INVALID_ARG if invalid_argument else pb.TritonError.INTERNAL
+        code = {
+            "internal": pb.TritonError.INTERNAL,
+            "invalid": pb.TritonError.INVALID_ARG,
+            "unavailable": pb.TritonError.UNAVAILABLE,
+        }[kind]
         response = pb.InferenceResponse(error=pb.TritonError(message, code))
         self._sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
@@ -66,7 +72,9 @@ class TritonPythonModel:
         config = load_config(config_path_from(model_config))
         self.llm = SpeculativeLLM.from_config(config)
         self.defaults = config.defaults
-        self.loop = ServingLoop(self.llm.engine, TritonMetrics(pb_utils, args["model_name"]))
+        self.max_prompt_bytes = config.serving.max_prompt_bytes
+        limits = QueueLimits(config.scheduler.max_waiting, config.scheduler.max_queue_delay_s)
+        self.loop = ServingLoop(self.llm.engine, TritonMetrics(pb_utils, args["model_name"]), limits)
         self.loop.start()
         logger.info("specdec ready: drafter %s, scheduler %s", config.drafter.kind, config.scheduler)
 
@@ -80,9 +88,15 @@ class TritonPythonModel:
                 return None if tensor is None else tensor.as_numpy()
 
             try:
-                self.loop.submit(parse_inputs(get, self.defaults), sink)
+                check_parameters(request.parameters())
+                self.loop.submit(parse_inputs(get, self.defaults, self.max_prompt_bytes), sink)
             except InvalidInputError as exc:
-                sink.send_error(str(as_tensor_error(exc)), invalid_argument=True)
+                error = as_tensor_error(exc)
+                self.loop.reject(exc.reason, request.request_id(), str(error))
+                sink.send_error(str(error), "invalid")
+            except Overloaded as exc:
+                self.loop.reject(exc.reason, request.request_id(), str(exc))
+                sink.send_error(str(exc), "unavailable")
             except Exception as exc:
                 logger.exception("could not queue a request")
                 sink.send_error(f"{type(exc).__name__}: {exc}")

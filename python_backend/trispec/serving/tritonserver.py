@@ -145,6 +145,15 @@ class ServerOptions:
     log_verbose: int = 0
     # None: the server writes to this process's stdout/stderr
     log_file: Path | None = None
+    # admin APIs (ADMIN_APIS) answer only requests carrying header ADMIN_KEY_HEADER with this value;
+    # None leaves them open to whoever reaches the ports
+    admin_key: str | None = None
+
+
+# Triton's names for the APIs that change or expose server state; inference, health, metadata, model
+# config and statistics (read by perf_analyzer and genai-perf) stay open
+ADMIN_APIS = ("shared-memory", "model-repository", "trace", "logging")
+ADMIN_KEY_HEADER = "specdec-admin-key"
 
 
 def shm_prefix() -> str:
@@ -171,7 +180,16 @@ def build_command(
         f"--exit-timeout-secs={options.exit_timeout_s}",
         f"--backend-config=python,shm-region-prefix-name={prefix}",
         f"--log-verbose={options.log_verbose}",
+        *restricted_api_flags(options.admin_key),
     ]
+
+
+def restricted_api_flags(admin_key: str | None) -> list[str]:
+    """Triton's restricted-API options: the admin APIs need the key header, on HTTP and gRPC alike."""
+    if admin_key is None:
+        return []
+    rule = f"{','.join(ADMIN_APIS)}:{ADMIN_KEY_HEADER}={admin_key}"
+    return [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
 
 
 def probe_host(host: str) -> str:
@@ -271,6 +289,20 @@ def remove_shm(prefix: str) -> list[Path]:
     return removed
 
 
+def restrict_shm(prefix: str) -> list[Path]:
+    """Owner-only access (0600) to this server's shm regions: the Python backend creates them 0644,
+    so any local user could map a stub's region (its name is predictable)."""
+    changed = []
+    for path in SHM_DIR.glob(f"{prefix}*"):
+        try:
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+                changed.append(path)
+        except OSError:  # gone meanwhile, or not ours
+            pass
+    return changed
+
+
 def remove_stale_shm() -> list[Path]:
     """Remove shm files left by earlier launchers that died without cleaning up (their pid is gone)."""
     removed = []
@@ -358,6 +390,7 @@ class TritonServer:
             if code is not None:
                 raise TritonServerError(f"tritonserver exited with code {code} before ready{self._tail()}")
             if self.is_ready():
+                restrict_shm(self.shm_prefix)
                 return True
             if time.monotonic() > deadline:
                 raise TritonServerError(f"tritonserver was not ready after {timeout_s:.0f} s{self._tail()}")
