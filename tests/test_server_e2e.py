@@ -544,7 +544,8 @@ def test_admin_apis_need_the_key_inference_and_health_do_not(server: Server) -> 
         for call in calls:
             with pytest.raises(InferenceServerException, match="restricted"):
                 call()
-            call(headers={"specdec-admin-key": key})
+            # Triton's gRPC side expects the header under its own prefix
+            call(headers={"triton-grpc-protocol-specdec-admin-key": key})
         assert client.is_server_ready() and client.get_model_metadata("specdec")
     finally:
         client.close()

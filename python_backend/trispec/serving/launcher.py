@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from trispec.serving.tritonserver import (
         ADMIN_APIS,
         ADMIN_KEY_HEADER,
+        GRPC_HEADER_PREFIX,
         ServerOptions,
         TritonServer,
         TritonServerError,
@@ -194,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             where = f"${ADMIN_KEY_ENV}" if os.environ.get(ADMIN_KEY_ENV, "").strip() else args.admin_key_file
             print(
-                f"{PROG}: admin APIs ({', '.join(ADMIN_APIS)}) need header '{ADMIN_KEY_HEADER}: <key>', "
-                f"key in {where}",
+                f"{PROG}: admin APIs ({', '.join(ADMIN_APIS)}) need header '{ADMIN_KEY_HEADER}: <key>' "
+                f"(gRPC metadata '{GRPC_HEADER_PREFIX}{ADMIN_KEY_HEADER}'), key in {where}",
                 flush=True,
             )
 

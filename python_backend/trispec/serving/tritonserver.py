@@ -154,6 +154,8 @@ class ServerOptions:
 # config and statistics (read by perf_analyzer and genai-perf) stay open
 ADMIN_APIS = ("shared-memory", "model-repository", "trace", "logging")
 ADMIN_KEY_HEADER = "specdec-admin-key"
+# over gRPC Triton reads the restricted-protocol header under this prefix
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 
 
 def shm_prefix() -> str:
