@@ -200,3 +200,31 @@ def test_a_request_waiting_past_max_queue_delay_is_refused_retryably() -> None:
         loop.stop()
     assert running.final["finish_reason"][0, 0] == b"length"
     assert engine.queued_request_ids() == []
+
+
+def test_prompts_are_tokenised_on_the_loop_thread_and_too_long_ones_refused_from_there() -> None:
+    metrics = RecordingMetrics()
+    engine = spec_engine(tiny_engine(0), None, max_context=64)
+    threads: list[str] = []
+    encode = engine.scheduler.encode
+
+    def recording_encode(text: str) -> list[int]:
+        threads.append(threading.current_thread().name)
+        return encode(text)
+
+    engine.scheduler.encode = recording_encode
+    loop = ServingLoop(engine, metrics)
+    too_long, fine = RecordingSink(), RecordingSink()
+    submit(loop, "x" * 200, too_long, max_tokens=4)  # 200 byte tokens > 64: known only once tokenised
+    submit(loop, "fine", fine, max_tokens=4)
+    assert threads == []  # the submitting thread did not tokenise
+    loop.start()
+    try:
+        wait(too_long, fine)
+    finally:
+        loop.stop()
+    assert set(threads) == {"specdec-loop"}
+    assert too_long.error_kinds == ["invalid"] and too_long.errors[0].startswith("text_input:")
+    assert "longer than the context" in too_long.errors[0]
+    assert metrics.rejections == ["too_long"]
+    assert fine.final["finish_reason"][0, 0] == b"length"

@@ -152,6 +152,25 @@ def test_exploration_backs_off_while_plain_wins_and_resets_when_drafting_pays() 
     assert controller._explore_interval == 16
 
 
+def test_exploration_is_skipped_when_catching_up_would_cost_too_much() -> None:
+    never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
+    controller = GoodputController(warmup_steps=2, explore_every=8, max_explore_every=8)
+    drive(controller, never, accept=0.85, batch=4, steps=40)
+    controller.record_step([4, 0, 0, 0], 0.14 + 0.5, None, catch_up_tokens=500)  # 1 ms a token
+    controller.record_step([4, 0, 0, 0], 0.14 + 0.05, None, catch_up_tokens=50)
+    controller.cost = controller._fit()
+    assert controller.cost.catch_up_token_s == pytest.approx(0.001, rel=0.1)
+    # 8 steps of ~0.07 s until the next exploration: 1 % of that is 5.6 ms, i.e. ~5 tokens to catch up
+    explored = [
+        any(controller.choose(list(range(4)), [4] * 4, lags=[400] * 4, remaining=[64] * 4)) for _ in range(32)
+    ]
+    assert not any(explored)
+    explored = [
+        any(controller.choose(list(range(4)), [4] * 4, lags=[2] * 4, remaining=[64] * 4)) for _ in range(32)
+    ]
+    assert sum(explored) == 32 // 8
+
+
 def test_exploration_picks_the_sequences_whose_draft_cache_lags_least() -> None:
     never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
     controller = GoodputController(warmup_steps=2, explore_every=4, max_explore_every=4)

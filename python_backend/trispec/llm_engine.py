@@ -25,9 +25,10 @@ class LLMEngine:
         return self.scheduler.postprocess(plan, result)
 
     # -- requests (any thread) ------------------------------------------------------------------
-    def add_request(self, request: GenerationRequest) -> int:
-        """Validate and queue; raises ``InvalidInputError`` naming the field."""
-        return self.scheduler.add_request(request)
+    def add_request(self, request: GenerationRequest, tokenize_later: bool = False) -> int:
+        """Validate and queue; raises ``InvalidInputError`` naming the field (``tokenize_later``: see
+        ``Scheduler.add_request``)."""
+        return self.scheduler.add_request(request, tokenize_later)
 
     def cancel(self, request_id: int) -> None:
         self.scheduler.cancel(request_id)

@@ -42,6 +42,8 @@ class RequestOutput:
     stats: AcceptanceStats
     # why the request failed (finish_reason ERROR): the runner failed on this sequence alone
     error: str | None = None
+    # a request queued with ``tokenize_later`` that turned out invalid once tokenised (too long, ...)
+    invalid: InvalidInputError | None = None
 
 
 class Scheduler:
@@ -77,23 +79,39 @@ class Scheduler:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
+        self._untokenized: list[tuple[int, GenerationRequest]] = []
         self._cancels: set[int] = set()
         # outputs that arise while scheduling (cancellations), returned by the next postprocess
         self._pending_outputs: list[RequestOutput] = []
 
     # -- called from any thread ------------------------------------------------------------
-    def add_request(self, request: GenerationRequest) -> int:
-        """Validate and queue a request; returns its id. Raises InvalidInputError naming the field."""
+    def add_request(self, request: GenerationRequest, tokenize_later: bool = False) -> int:
+        """Validate and queue a request; returns its id. Raises InvalidInputError naming the field.
+
+        ``tokenize_later``: a text prompt is tokenised (and what depends on its length validated) by
+        the next ``schedule()``, on the thread that steps the engine, so that the caller (a server's
+        request thread) never spends time on it; an invalid one then ends with an output whose
+        ``invalid`` says why."""
+        if request.prompt_token_ids is None and (not isinstance(request.prompt, str) or not request.prompt):
+            raise InvalidInputError("prompt", "must be a non-empty string")
+        if tokenize_later and request.prompt_token_ids is None:
+            with self._lock:
+                seq_id = next(self._ids)
+                self._untokenized.append((seq_id, request))
+            return seq_id
+        seq = self._sequence(request)
+        with self._lock:
+            seq.seq_id = next(self._ids)
+            self._inbox.append(seq)
+        return seq.seq_id
+
+    def _sequence(self, request: GenerationRequest, seq_id: int = -1) -> Sequence:
         if request.prompt_token_ids is not None:
             prompt_ids = list(request.prompt_token_ids)
         else:
-            if not isinstance(request.prompt, str) or not request.prompt:
-                raise InvalidInputError("prompt", "must be a non-empty string")
-            prompt_ids = self.encode(request.prompt)
+            prompt_ids = self.encode(request.prompt)  # type: ignore[arg-type]
         num_draft_tokens = validate_request(request, prompt_ids, self.limits)
-        with self._lock:
-            seq_id = next(self._ids)
-        seq = Sequence(
+        return Sequence(
             seq_id=seq_id,
             prompt_ids=prompt_ids,
             max_tokens=request.max_tokens,
@@ -103,9 +121,6 @@ class Scheduler:
             text=self.make_text_tracker(list(request.stop)),
             drafts=num_draft_tokens > 0,
         )
-        with self._lock:
-            self._inbox.append(seq)
-        return seq_id
 
     def cancel(self, request_id: int) -> None:
         """Stop a request at the next step; its KV blocks return to the pool."""
@@ -115,11 +130,14 @@ class Scheduler:
     def queued_ids(self) -> list[int]:
         """Requests not admitted yet (submitted, or waiting for a slot), oldest first."""
         with self._lock:
-            return [s.seq_id for s in self.waiting] + [s.seq_id for s in self._inbox]
+            inbox = [s.seq_id for s in self._inbox] + [seq_id for seq_id, _ in self._untokenized]
+            return [s.seq_id for s in self.waiting] + sorted(inbox)
 
     def has_work(self) -> bool:
         with self._lock:
-            return bool(self.waiting or self.running or self._inbox or self._pending_outputs)
+            return bool(
+                self.waiting or self.running or self._inbox or self._untokenized or self._pending_outputs
+            )
 
     # -- 1. schedule -------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -174,7 +192,22 @@ class Scheduler:
 
     def _take_inbox(self) -> None:
         with self._lock:
-            self.waiting.extend(self._inbox)
+            untokenized, self._untokenized = self._untokenized, []
+        arrived = []
+        for seq_id, request in untokenized:
+            try:
+                seq = self._sequence(request, seq_id)
+            except InvalidInputError as exc:
+                refused = RequestOutput(
+                    seq_id, [], "", True, FinishReason.ERROR, AcceptanceStats(), str(exc), exc
+                )
+                self._pending_outputs.append(refused)
+                continue
+            arrived.append(seq)
+        with self._lock:
+            # in the order the requests came (a tokenised one may have come after a deferred one)
+            arrived = sorted([*arrived, *self._inbox], key=lambda s: s.seq_id)
+            self.waiting.extend(arrived)
             self._inbox.clear()
             cancels, self._cancels = self._cancels, set()
         for seq in [*self.waiting, *self.running]:

@@ -167,6 +167,7 @@ class GoodputController:
         warmup_steps: int = 6,
         explore_every: int = 256,
         max_explore_every: int = 8192,
+        explore_budget: float = 0.01,
         prior_rate: float = 0.6,
         prior_strength: float = 3.0,
     ) -> None:
@@ -174,6 +175,7 @@ class GoodputController:
         self.warmup_steps = warmup_steps
         self.explore_every = explore_every
         self.max_explore_every = max_explore_every
+        self.explore_budget = explore_budget
         self._explore_interval = explore_every
         self._next_explore = explore_every
         self._drafted_since_explore = False
@@ -241,13 +243,19 @@ class GoodputController:
         """One or two sequences (in turn, rotating over the batch; those whose draft cache lags
         least first) draft at their cap whatever the model says: enough to keep the draft cost and
         the acceptance measured, and to vary drafted positions against draft passes. Rarely and
-        few, because a draft model that sat out plain rounds first catches up on what it missed."""
+        few, because a draft model that sat out plain rounds first catches up on what it missed:
+        when that catch-up would cost more than ``explore_budget`` of the time until the next
+        exploration, this one is skipped (the interval keeps growing, so a later one fits)."""
         n = len(ks)
         turn = self._explorations
-        self._explorations += 1
         size = min(n, 1 + turn % 2)
-        order = sorted(range(n), key=lambda i: (lags[i] if lags is not None else 0, (i - turn) % n))
-        for i in order[:size]:
+        order = sorted(range(n), key=lambda i: (lags[i] if lags is not None else 0, (i - turn) % n))[:size]
+        if lags is not None and self.cost is not None:
+            catch_up_s = self.cost.catch_up_token_s * sum(lags[i] for i in order)
+            if catch_up_s > self.explore_budget * self._explore_interval * self.cost.seconds([0] * n):
+                return ks
+        self._explorations += 1
+        for i in order:
             ks[i] = max(ks[i], max_ks[i])
         return ks
 

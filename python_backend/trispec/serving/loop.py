@@ -1,7 +1,9 @@
 """The serving loop: one background thread steps the in-flight batcher and streams each request its
 newly verified text.
 
-Triton's ``execute()`` only validates a request and ``submit``s it here; it never waits. Every round
+Triton's ``execute()`` only checks a request's fields and ``submit``s it here; it never waits, and the
+prompt is tokenised on the loop's thread (a request too long for the context is refused from there,
+INVALID_ARG as from ``execute()``). Every round
 the loop checks each live request for cancellation, steps the scheduler once, and sends every
 request what that round verified. Nothing here imports Triton: a response sink is anything with
 ``is_cancelled`` / ``send`` / ``send_error`` (the Triton one lives in ``triton_model``).
@@ -21,7 +23,7 @@ from trispec.errors import Overloaded
 from trispec.llm_engine import LLMEngine
 from trispec.scheduler import RequestOutput
 from trispec.sequence import FinishReason
-from trispec.serving.tensors import ParsedRequest, response_tensors
+from trispec.serving.tensors import ParsedRequest, as_tensor_error, response_tensors
 from trispec.stats import EngineStats
 from trispec.step import KVUsage
 
@@ -117,7 +119,8 @@ class ServingLoop:
                 f"{queued} requests are waiting for a slot (scheduler.max_waiting {limit}); retry later",
             )
         with self._lock:
-            request_id = self.engine.add_request(request.generation)
+            # tokenised by the loop thread: Triton's thread only hands the request over
+            request_id = self.engine.add_request(request.generation, tokenize_later=True)
             self._live[request_id] = _Live(
                 sink, request.generation.prompt, request.stream, request.exclude_input_in_output
             )
@@ -210,6 +213,12 @@ class ServingLoop:
             for out in outputs:
                 state = self._live.get(out.request_id)
                 if state is None:
+                    continue
+                if out.invalid is not None:  # refused once tokenised: not a request that ran
+                    del self._live[out.request_id]
+                    error = as_tensor_error(out.invalid)
+                    self.reject(out.invalid.reason, str(out.request_id), str(error))
+                    self._send_error(state, str(error), "invalid")
                     continue
                 if out.finished:
                     del self._live[out.request_id]
