@@ -4,10 +4,16 @@ loop on a fresh engine, independent of the llm."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from tiny import model_drafter, reference_greedy, run_to_completion, spec_engine, tiny_engine, tokens_of
+from tiny import (
+    model_drafter,
+    reference_greedy,
+    repeating_prompts,
+    run_to_completion,
+    spec_engine,
+    tiny_engine,
+    tokens_of,
+)
 from trispec.drafters.ngram import NgramDrafter
 from trispec.request import GenerationRequest
 
@@ -15,15 +21,9 @@ NUM_PROMPTS = 20
 MAX_TOKENS = 64
 
 
-def make_prompts(n: int, seed: int = 1) -> list[list[int]]:
-    rng = random.Random(seed)
-    # repeated fragments so the n-gram drafter finds matches
-    return [[rng.randrange(256) for _ in range(rng.randrange(3, 12))] * rng.randrange(1, 4) for _ in range(n)]
-
-
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    return make_prompts(NUM_PROMPTS)
+    return repeating_prompts(NUM_PROMPTS)
 
 
 @pytest.fixture(scope="module")

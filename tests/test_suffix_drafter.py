@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from tiny import reference_greedy, run_to_completion, spec_engine, tiny_engine, tokens_of
+from tiny import reference_greedy, repeating_prompts, run_to_completion, spec_engine, tiny_engine, tokens_of
 from trispec.drafters.base import DraftRequest
 from trispec.drafters.suffix import KEY_LENGTHS, SuffixDrafter
 from trispec.request import GenerationRequest
@@ -227,15 +227,9 @@ def test_global_index_is_bounded_and_evicts_the_oldest() -> None:
 MAX_TOKENS = 48
 
 
-def make_prompts(n: int, seed: int = 1) -> list[list[int]]:
-    rng = random.Random(seed)
-    # repeated fragments, as in test_speculative_tiny
-    return [[rng.randrange(256) for _ in range(rng.randrange(3, 12))] * rng.randrange(1, 4) for _ in range(n)]
-
-
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    return make_prompts(12)
+    return repeating_prompts(12)
 
 
 @pytest.fixture(scope="module")

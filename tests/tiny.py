@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,13 @@ def tiny_args(arch: str = "llama", vocab_size: int = TINY_VOCAB, **overrides: An
         max_position_embeddings=1024,
     )
     return dataclasses.replace(args, **overrides)
+
+
+def repeating_prompts(n: int, seed: int = 1) -> list[list[int]]:
+    """Token prompts made of a random fragment repeated 1-3 times, so that model-free drafters
+    (n-gram, suffix) find matches."""
+    rng = random.Random(seed)
+    return [[rng.randrange(256) for _ in range(rng.randrange(3, 12))] * rng.randrange(1, 4) for _ in range(n)]
 
 
 def tiny_engine(seed: int = 0, arch: str = "llama", **kw: object) -> TorchEngine:
