@@ -171,12 +171,13 @@ class TorchSpecRunner:
     def _draft_failed(self, exc: BaseException, num_sequences: int) -> None:
         self._draft_failures_in_a_row += 1
         logger.warning("the drafter failed (%r): %d sequences decode plain this step", exc, num_sequences)
-        if self._draft_failures_in_a_row >= MAX_DRAFT_FAILURES_IN_A_ROW and not self.drafting_off:
+        if self._draft_failures_in_a_row >= MAX_DRAFT_FAILURES_IN_A_ROW:
+            self._drafting_off(f"the drafter failed {self._draft_failures_in_a_row} steps in a row")
+
+    def _drafting_off(self, why: str) -> None:
+        if not self.drafting_off:
             self.drafting_off = True
-            logger.error(
-                "the drafter failed %d steps in a row: drafting is off until the process restarts",
-                self._draft_failures_in_a_row,
-            )
+            logger.error("%s: drafting is off until the process restarts", why)
 
     def _rollback_draft(self, seq_id: int, num_verified: int) -> None:
         """Cut a sequence's draft cache back to its verified tokens. A draft cache that cannot be
@@ -186,8 +187,7 @@ class TorchSpecRunner:
         try:
             self.drafter.rollback(seq_id, num_verified)
         except Exception as exc:
-            self._draft_failures_in_a_row = MAX_DRAFT_FAILURES_IN_A_ROW - 1
-            self._draft_failed(exc, 1)
+            self._drafting_off(f"the drafter could not roll back sequence {seq_id} ({exc!r})")
 
     def _isolate(self, steps: Sequence[SeqStep], exc: Exception) -> StepResult:
         """A batched round raised: undo it, then rerun each sequence alone so that only the ones

@@ -60,8 +60,7 @@ class TritonMetrics:
             for pool in ("target", "drafter")
             for state in ("used", "free")
         }
-        self._requests: dict[str, Any] = {}
-        self._rejected: dict[str, Any] = {}
+        self._counters: dict[tuple[str, str], Any] = {}
         self.draft_failures = metric(
             "specdec_draft_failures_total", counter, "Steps whose drafter failed (run as plain decoding)"
         )
@@ -69,22 +68,16 @@ class TritonMetrics:
         self._planned: list[Any] = []
         self._last = EngineStats()  # the totals at the previous report
 
-    def _request_counter(self, reason: str) -> Any:
-        if reason not in self._requests:
-            self._requests[reason] = self._metric(
-                "specdec_requests_total", self._family.COUNTER, "Finished requests", finish_reason=reason
-            )
-        return self._requests[reason]
+    def _counter(self, name: str, description: str, label: str, value: str) -> Any:
+        """The counter ``name{label=value}``, made on first use (label values come as they occur)."""
+        key = (name, value)
+        if key not in self._counters:
+            self._counters[key] = self._metric(name, self._family.COUNTER, description, **{label: value})
+        return self._counters[key]
 
     def record_rejection(self, reason: str) -> None:
-        if reason not in self._rejected:
-            self._rejected[reason] = self._metric(
-                "specdec_requests_rejected_total",
-                self._family.COUNTER,
-                "Requests refused before generation, by reason",
-                reason=reason,
-            )
-        self._rejected[reason].increment(1)
+        description = "Requests refused before generation, by reason"
+        self._counter("specdec_requests_rejected_total", description, "reason", reason).increment(1)
 
     def _accepted_position(self, position: int) -> Any:
         while len(self._accepted_at) <= position:
@@ -140,7 +133,8 @@ class TritonMetrics:
             if count > before:
                 self._planned_rounds(k).increment(count - before)
         for reason in report.finished:
-            self._request_counter(reason).increment(1)
+            counter = self._counter("specdec_requests_total", "Finished requests", "finish_reason", reason)
+            counter.increment(1)
         self.running.set(report.running)
         self.waiting.set(report.waiting)
         self.max_verify_batch.set(report.engine.max_verify_batch)
