@@ -125,7 +125,7 @@ def test_errors_leave_state_untouched() -> None:
     before = (eng.cached_length(1), eng.kv_usage())
     bad = [
         [ForwardInput(99, [1], 1)],  # unknown seq
-        [ForwardInput(1, tokens(16, 1), 1)],  # 5 + 16 > reservation of 20
+        [ForwardInput(1, tokens(16, 1), 1)],  # 5 + 16 > its cap of 20
         [ForwardInput(1, [1, 2], 3)],  # num_logits > new tokens
         [ForwardInput(1, [1], -1)],
         [ForwardInput(1, [ARGS.vocab_size], 1)],  # token id out of range
@@ -149,15 +149,20 @@ def test_errors_leave_state_untouched() -> None:
         eng.cached_length(42)
     with pytest.raises(ValueError):
         eng.free(42)
-    # Pool: 4 blocks of 16; seq 1 holds 2 (reserved for 20 tokens) -> 32 more tokens fit, 33 do not.
-    assert eng.can_reserve(32) and not eng.can_reserve(33)
-    with pytest.raises(CapacityError):
-        eng.add_sequence(2, 33)
-    eng.add_sequence(2, 32)
-    assert not eng.can_reserve(1)
+    # Pool: 4 blocks of 16, taken as tokens arrive; seq 1 holds one (5 tokens) -> 48 more fit, 49 do not.
+    assert eng.room_for({2: 48}) and not eng.room_for({2: 49})
+    assert eng.room_for({1: 16, 2: 48}) and not eng.room_for({1: 17, 2: 48})
+    assert not eng.room_for({1: 21})  # past its own cap
+    eng.add_sequence(2, 64)  # registering takes no block
+    assert eng.kv_usage().used_blocks == 1
+    with pytest.raises(CapacityError):  # the scheduler asks room_for first; running dry is an error
+        eng.forward([ForwardInput(2, tokens(49, 2), 1)])
+    assert (eng.cached_length(1), eng.cached_length(2), eng.kv_usage().used_blocks) == (5, 0, 1)
+    eng.forward([ForwardInput(2, tokens(48, 2), 1)])
+    assert not eng.room_for({1: 17})
     eng.free(1)
     eng.free(2)
-    assert eng.kv_usage().used_blocks == 0 and eng.can_reserve(64)
+    assert eng.kv_usage().used_blocks == 0 and eng.room_for({3: 64})
 
 
 def test_config_errors() -> None:

@@ -22,24 +22,24 @@ def test_blocks_for() -> None:
     assert [blocks_for(n, 16) for n in (0, 1, 16, 17, 32, 33)] == [0, 1, 1, 2, 2, 3]
 
 
-def test_free_list_and_lazy_allocation() -> None:
+def test_free_list_and_allocation_on_demand() -> None:
     bm = BlockManager(num_blocks=10, block_size=4)
-    bm.add(1, max_length=10)  # reserves 3 blocks, allocates none yet
-    assert bm.free_blocks == 10 and bm.reservable_blocks == 7 and bm.used_blocks == 0
+    bm.add(1, max_length=10)  # registers; takes no block
+    assert bm.free_blocks == 10 and bm.used_blocks == 0
     bm.append(1, 1)
     assert bm.block_table(1) == [0] and bm.length(1) == 1
     bm.append(1, 4)  # 5 tokens -> 2 blocks
-    assert len(bm.block_table(1)) == 2 and bm.free_blocks == 8 and bm.reservable_blocks == 7
+    assert len(bm.block_table(1)) == 2 and bm.free_blocks == 8
     bm.add(2, max_length=4)
     bm.append(2, 4)
     tables = bm.block_table(1) + bm.block_table(2)
     assert len(set(tables)) == 3  # no block handed out twice
     with pytest.raises(ValueError):
-        bm.append(2, 1)  # beyond its reservation
+        bm.append(2, 1)  # beyond its cap
     bm.free(2)
-    assert bm.free_blocks == 8 and bm.reservable_blocks == 7
+    assert bm.free_blocks == 8
     bm.free(1)
-    assert bm.free_blocks == 10 and bm.reservable_blocks == 10 and bm.seq_ids() == []
+    assert bm.free_blocks == 10 and bm.seq_ids() == []
 
 
 def test_truncate_frees_whole_blocks_only() -> None:
@@ -53,8 +53,11 @@ def test_truncate_frees_whole_blocks_only() -> None:
     assert bm.block_table(0) == table[:2] and bm.free_blocks == 6
     bm.truncate(0, 8)  # no-op
     assert bm.free_blocks == 6
-    # The sequence keeps its reservation: others still cannot take its freed blocks.
-    assert bm.reservable_blocks == 0 and not bm.can_reserve(1)
+    # freed blocks are free for anyone: nothing is held back for the sequence
+    bm.add(1, max_length=8)
+    bm.append(1, 8)
+    assert bm.free_blocks == 4 and not bm.room_for({0: 32})
+    bm.free(1)
     bm.append(0, 24)  # grows back to its full max_length
     assert bm.length(0) == 32 and bm.free_blocks == 0
     with pytest.raises(ValueError):
@@ -64,16 +67,20 @@ def test_truncate_frees_whole_blocks_only() -> None:
     bm.truncate(0, 0)
     assert bm.block_table(0) == [] and bm.free_blocks == 8
     bm.free(0)
-    assert bm.reservable_blocks == 8
 
 
-def test_reservations_and_capacity() -> None:
+def test_room_for_and_running_dry() -> None:
     bm = BlockManager(num_blocks=4, block_size=16)
-    assert bm.can_reserve(64) and not bm.can_reserve(65)
-    bm.add(0, 33)  # 3 blocks
-    assert bm.can_reserve(16) and not bm.can_reserve(17)
+    assert bm.room_for({0: 64}) and not bm.room_for({0: 65})
+    bm.add(0, 48)
+    bm.append(0, 33)  # 3 blocks
+    assert bm.blocks_to_grow(0, 48) == 0 and bm.blocks_to_grow(0, 49) == 1 and bm.blocks_to_grow(7, 17) == 2
+    assert bm.room_for({0: 48, 1: 16}) and not bm.room_for({1: 17})
+    assert not bm.room_for({0: 49})  # past its cap, whatever is free
+    bm.add(1, 64)
     with pytest.raises(CapacityError):
-        bm.add(1, 17)
+        bm.append(1, 17)
+    assert bm.length(1) == 0 and bm.free_blocks == 1  # a failed append takes nothing
     with pytest.raises(ValueError):
         bm.add(0, 1)  # duplicate id
     with pytest.raises(ValueError):
@@ -83,7 +90,7 @@ def test_reservations_and_capacity() -> None:
     bm.free(0)
     with pytest.raises(ValueError):
         bm.free(0)
-    assert bm.can_reserve(64)
+    assert bm.room_for({1: 64})
     with pytest.raises(ConfigError):
         BlockManager(0, 16)
 

@@ -129,16 +129,3 @@ def test_cancel_frees_kv_and_spares_others(llm: Scheduler) -> None:
     assert tokens_of(outputs[ids["keep"]]) == alone["keep"]
     assert target.kv_usage().used_blocks == 0
     assert llm.runner.drafter.engine.kv_usage().used_blocks == 0  # type: ignore[union-attr]
-
-
-def test_admission_waits_for_kv_room() -> None:
-    # room for about two sequences at a time: the rest wait, then all finish
-    llm = spec_engine(tiny_engine(0, num_blocks=12, block_size=8), None, max_context=48)
-    ids = [llm.add_request(GenerationRequest(prompt="abcdefgh", max_tokens=30)) for _ in range(5)]
-    first = llm.step()
-    assert 0 < llm.num_running < 5
-    assert llm.num_waiting == 5 - llm.num_running
-    outputs = run_to_completion(llm)
-    for out in first:
-        outputs[out.request_id].insert(0, out)
-    assert all(len(tokens_of(outputs[i])) == 30 for i in ids)

@@ -58,3 +58,9 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def seeded(self) -> bool:
+        """Sampled with a seed: the same output is promised on every run, so its draws (which
+        depend on how many drafts each round checks) must see the same k whatever it shares."""
+        return not self.greedy and self.seed is not None

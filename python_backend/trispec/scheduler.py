@@ -2,9 +2,11 @@
 
 It keeps books only; it never touches a tensor or a model. ``schedule()``:
   1. take in new requests and cancellations (thread-safe inbox: a server thread feeds it);
-  2. admit waiting requests while the batch and the runner's KV budgets have room;
+  2. admit waiting requests while the batch has room and the runner's KV has their first step;
   3. plan prompt prefill under the per-step token budget (long prompts go in chunks, k = 0);
-  4. give every ready sequence its k for this step (0 when the adaptive controller chose plain).
+  4. give every ready sequence its k for this step (0 when the adaptive controller chose plain);
+  5. fit the step into the KV pool: KV is taken as sequences grow, and when the pool would run
+     out the most recently admitted sequence is preempted (freed, queued first, recomputed).
 ``postprocess(plan, result)``: record what the runner now holds, emit verified tokens and the text
 safe to show, finish requests on end id / stop string / max_tokens / error, free them, keep stats.
 
@@ -17,7 +19,7 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
@@ -128,10 +130,11 @@ class Scheduler:
             self._cancels.add(request_id)
 
     def queued_ids(self) -> list[int]:
-        """Requests not admitted yet (submitted, or waiting for a slot), oldest first."""
+        """Requests not started yet (submitted, or waiting for a first slot), oldest first; a
+        preempted request waiting to resume is not among them."""
         with self._lock:
             inbox = [s.seq_id for s in self._inbox] + [seq_id for seq_id, _ in self._untokenized]
-            return [s.seq_id for s in self.waiting] + sorted(inbox)
+            return [s.seq_id for s in self.waiting if not s.preemptions] + sorted(inbox)
 
     def has_work(self) -> bool:
         with self._lock:
@@ -143,6 +146,9 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         self._take_inbox()
         self._admit()
+        return StepPlan(self._fit(self._choose_ks(self._plan())))
+
+    def _plan(self) -> list[SeqStep]:
         steps: list[SeqStep] = []
         budget = self.config.max_prefill_tokens_per_step
         for seq in self.running:
@@ -151,13 +157,37 @@ class Scheduler:
             extra = seq.num_tokens - seq.num_computed - 1
             if extra <= budget:
                 budget -= extra
-                self.stats.prefill_tokens += extra
                 steps.append(self._step(seq, seq.num_tokens, seq.num_draft_tokens))
             elif budget > 0:
-                self.stats.prefill_tokens += budget
                 steps.append(self._step(seq, seq.num_computed + budget, 0))
                 budget = 0
-        return StepPlan(self._choose_ks(steps))
+        return steps
+
+    def _fit(self, steps: list[SeqStep]) -> list[SeqStep]:
+        """KV blocks are taken as sequences grow: while the step would not fit the runner's pool,
+        preempt the most recently admitted sequence. A lone sequence always fits without drafts
+        (prompt + max_tokens <= max_context <= the pool)."""
+        while steps and not self.runner.room_for(steps):
+            if len(self.running) > 1:
+                victim = self.running[-1]
+                self._preempt(victim)
+                steps = [s for s in steps if s.seq_id != victim.seq_id]
+            elif any(s.num_draft_tokens for s in steps):
+                steps = [replace(s, num_draft_tokens=0) for s in steps]
+            else:
+                break  # cannot happen within max_context; the runner then fails the sequence
+        return steps
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free the sequence's KV and queue it first in line; re-admitted, it recomputes its verified
+        tokens (the text it already sent stays sent and is never sent again)."""
+        self.runner.preempt(seq.seq_id)
+        self.running.remove(seq)
+        seq.num_computed = 0
+        seq.draft_synced = 0
+        seq.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(seq)
 
     def _choose_ks(self, steps: list[SeqStep]) -> list[SeqStep]:
         """The adaptive controller's k for each decode step (at most the request's own). A seeded
@@ -214,13 +244,17 @@ class Scheduler:
             if seq.seq_id in cancels:
                 seq.finish_reason = FinishReason.CANCELLED
                 self._pending_outputs.append(self._output(seq, [], seq.text.finish()))
+        for seq in self.waiting:
+            if seq.finished and seq.preemptions:  # the runner still holds its random state
+                self.runner.free(seq.seq_id)
         self.waiting = deque(s for s in self.waiting if not s.finished)
         self._retire()
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
-            if not self.runner.can_admit(seq.max_length, seq.drafts):
+            # its first step: every verified token and the drafts
+            if not self.runner.can_admit(seq.num_tokens + seq.num_draft_tokens):
                 break
             self.waiting.popleft()
             self.runner.add(seq.seq_id, seq.max_length, seq.sampling, seq.drafts)
@@ -251,10 +285,12 @@ class Scheduler:
                 seq.error = seq_result.error
                 outputs.append(self._output(seq, [], ""))
                 continue
+            # tokens fed besides a decode's pending one: prompt (or, after preemption, recompute)
+            self.stats.prefill_tokens += step.feed_to - step.num_computed - (not step.is_prompt_chunk)
             seq.num_computed = seq_result.num_computed
             if step.is_prompt_chunk:
                 continue
-            if step.num_draft_tokens:  # the draft cache now holds what the target's does
+            if seq_result.num_drafted:  # the draft cache now holds what the target's does
                 seq.draft_synced = seq_result.num_computed
             seq.stats.draft_time_s += result.draft_time_s
             seq.stats.verify_time_s += result.verify_time_s

@@ -35,6 +35,8 @@ class Sequence:
     # tokens a draft model's cache holds as of the sequence's last drafted round (drafter caches
     # fill lazily): the rest is what drafting now would first have to feed it
     draft_synced: int = 0
+    # times its KV was freed under memory pressure (it then waits first in line to recompute)
+    preemptions: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
@@ -49,7 +51,7 @@ class Sequence:
 
     @property
     def max_length(self) -> int:
-        """KV room to reserve: drafts are capped so the cache never passes prompt + max_tokens."""
+        """The most tokens its KV may hold: drafts are capped so it never passes prompt + max_tokens."""
         return len(self.prompt_ids) + self.max_tokens
 
     @property
@@ -58,7 +60,7 @@ class Sequence:
 
     @property
     def seeded_sampling(self) -> bool:
-        return not self.sampling.greedy and self.sampling.seed is not None
+        return self.sampling.seeded
 
     @property
     def finished(self) -> bool:

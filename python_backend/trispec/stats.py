@@ -87,6 +87,8 @@ class EngineStats(AcceptanceStats):
     verify_batch_sequences: int = 0
     # steps whose drafter raised (they ran as plain decoding)
     draft_failures: int = 0
+    # sequences whose KV was freed because the pool ran out (recomputed later)
+    preemptions: int = 0
 
     def record_verify_batch(self, num_sequences: int) -> None:
         self.verify_batches += 1
@@ -101,6 +103,7 @@ class EngineStats(AcceptanceStats):
             generated_tokens=self.generated_tokens,
             prefill_tokens=self.prefill_tokens,
             draft_failures=self.draft_failures,
+            preemptions=self.preemptions,
             max_verify_batch=self.max_verify_batch,
             mean_verify_batch=round(self.verify_batch_sequences / self.verify_batches, 3)
             if self.verify_batches

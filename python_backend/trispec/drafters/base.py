@@ -9,7 +9,7 @@ many tokens of the sequence are verified (``rollback``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,9 +40,14 @@ class DraftProposal:
 
 
 class Drafter(Protocol):
-    def can_admit(self, max_length: int) -> bool: ...
+    def room_for(self, lengths: Mapping[int, int]) -> bool:
+        """Whether the draft cache can grow every sequence named to its length at once (always for
+        drafters without a cache)."""
+        ...
 
-    def add_sequence(self, seq_id: int, max_length: int) -> None: ...
+    def add_sequence(self, seq_id: int, max_length: int) -> None:
+        """Register a sequence; a model drafter takes KV blocks only as it drafts."""
+        ...
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]: ...
 
@@ -61,7 +66,7 @@ class StatelessDrafter:
     """Bookkeeping for a drafter without a model or KV cache (n-gram lookup, none): admission always
     succeeds and there is no cache to feed, roll back or free. Subclasses implement ``propose``."""
 
-    def can_admit(self, max_length: int) -> bool:
+    def room_for(self, lengths: Mapping[int, int]) -> bool:
         return True
 
     def add_sequence(self, seq_id: int, max_length: int) -> None:

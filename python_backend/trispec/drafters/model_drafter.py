@@ -3,7 +3,7 @@ precision (self-draft). All sequences draft together, one batched forward per dr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -16,11 +16,13 @@ class ModelDrafter:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def can_admit(self, max_length: int) -> bool:
-        return self.engine.can_reserve(max_length)
+    def room_for(self, lengths: Mapping[int, int]) -> bool:
+        return self.engine.room_for(lengths)
 
     def add_sequence(self, seq_id: int, max_length: int) -> None:
-        self.engine.add_sequence(seq_id, max_length)
+        # a draft pool smaller than the target's caps how far a sequence can draft (``room_for``
+        # then says no and the sequence decodes plain), never which sequences are served
+        self.engine.add_sequence(seq_id, min(max_length, self.engine.max_context))
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         tokens: list[list[int]] = [[] for _ in requests]

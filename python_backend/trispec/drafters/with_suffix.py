@@ -7,7 +7,7 @@ whatever its cache lacks)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from trispec.drafters.base import DraftProposal, DraftRequest
 from trispec.drafters.model_drafter import ModelDrafter
@@ -23,8 +23,8 @@ class WithSuffix:
         self.num_suffix_proposals = 0
         self.num_model_proposals = 0
 
-    def can_admit(self, max_length: int) -> bool:
-        return self.model.can_admit(max_length)
+    def room_for(self, lengths: Mapping[int, int]) -> bool:
+        return self.model.room_for(lengths)
 
     def add_sequence(self, seq_id: int, max_length: int) -> None:
         self.model.add_sequence(seq_id, max_length)

@@ -8,7 +8,7 @@ logits for the last ``num_logits`` new tokens of each; ``truncate`` rolls a sequ
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -37,12 +37,13 @@ class Engine(Protocol):
         """Longest sequence (prompt + generated + drafts in flight) one sequence may hold."""
         ...
 
-    def can_reserve(self, max_length: int) -> bool:
-        """Whether a new sequence of up to ``max_length`` tokens fits in the free KV budget now."""
+    def room_for(self, lengths: Mapping[int, int]) -> bool:
+        """Whether the free KV blocks let every sequence named grow to its length at once (a sequence
+        not registered yet counts from zero). KV blocks are taken as tokens arrive, not reserved."""
         ...
 
     def add_sequence(self, seq_id: int, max_length: int) -> None:
-        """Register a sequence and reserve KV room for ``max_length`` tokens (CapacityError if not)."""
+        """Register a sequence that may hold up to ``max_length`` tokens; it takes no KV block yet."""
         ...
 
     def cached_length(self, seq_id: int) -> int: ...
@@ -60,7 +61,7 @@ class Engine(Protocol):
         ...
 
     def free(self, seq_id: int) -> None:
-        """Forget the sequence and return all its blocks and its reservation to the pool."""
+        """Forget the sequence and return all its blocks to the pool."""
         ...
 
     def kv_usage(self) -> KVUsage: ...

@@ -5,15 +5,18 @@ head_dim]``: a token's "slot" is ``block * block_size + offset``. A sequence own
 blocks in order); the ``BlockManager`` does the bookkeeping and never touches tensor data, so it is
 cheap and easy to unit-test.
 
-Reservations: a sequence reserves room for its whole ``max_length`` when it is added. Blocks are
-still allocated lazily (as tokens arrive), but the reservation guarantees the free list can always
-serve them, so a decode step can never run out of memory mid-flight. Speculative rollback is
-``truncate``: the length moves back, whole blocks past the new length return to the free list, and
-stale entries inside the kept last block are simply overwritten by the next append.
+Allocation on demand: a sequence takes blocks only as its tokens arrive (prompt chunks, the step's
+fed tokens and drafts), never for its whole ``max_length`` up front, so the pool serves as many
+sequences as actually fit. The scheduler asks ``room_for`` before each step and, when the pool would
+run out, preempts sequences (frees them and recomputes them later), so ``append`` running dry is a
+bug, reported as ``CapacityError``. Speculative rollback is ``truncate``: the length moves back,
+whole blocks past the new length return to the free list, and stale entries inside the kept last
+block are simply overwritten by the next append.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -28,14 +31,13 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 @dataclass
 class _SeqBlocks:
-    reserved_blocks: int
-    max_length: int
+    max_length: int  # the most tokens this sequence may ever hold (a cap, not a reservation)
     length: int = 0
     table: list[int] = field(default_factory=list)
 
 
 class BlockManager:
-    """Free list + per-sequence block tables + reservations. Pure bookkeeping, no tensors."""
+    """Free list + per-sequence block tables. Pure bookkeeping, no tensors."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1:
@@ -47,8 +49,6 @@ class BlockManager:
         # A stack: the most recently freed block is reused first (it is likely still in cache).
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._seqs: dict[int, _SeqBlocks] = {}
-        # Blocks promised to sequences but not yet allocated; the free list always covers them.
-        self._unallocated_reserved = 0
 
     # -- queries -------------------------------------------------------------------------------
     @property
@@ -58,14 +58,6 @@ class BlockManager:
     @property
     def used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
-
-    @property
-    def reservable_blocks(self) -> int:
-        """Blocks a new sequence may still reserve (free blocks not promised to anyone)."""
-        return len(self._free) - self._unallocated_reserved
-
-    def can_reserve(self, max_length: int) -> bool:
-        return max_length >= 0 and blocks_for(max_length, self.block_size) <= self.reservable_blocks
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._seqs
@@ -82,33 +74,45 @@ class BlockManager:
     def block_table(self, seq_id: int) -> list[int]:
         return self._get(seq_id).table
 
+    def blocks_to_grow(self, seq_id: int, length: int) -> int:
+        """Blocks a sequence must still take to hold ``length`` tokens (all of them for one not
+        registered yet)."""
+        seq = self._seqs.get(seq_id)
+        return max(blocks_for(length, self.block_size) - (len(seq.table) if seq else 0), 0)
+
+    def room_for(self, lengths: Mapping[int, int]) -> bool:
+        """Whether every sequence can grow to its length at once (within its own cap)."""
+        for seq_id, length in lengths.items():
+            seq = self._seqs.get(seq_id)
+            if seq is not None and length > seq.max_length:
+                return False
+        return sum(self.blocks_to_grow(s, n) for s, n in lengths.items()) <= len(self._free)
+
     # -- mutations -----------------------------------------------------------------------------
     def add(self, seq_id: int, max_length: int) -> None:
+        """Register a sequence; it takes no block until tokens arrive."""
         if seq_id in self._seqs:
             raise ValueError(f"seq_id {seq_id} is already registered")
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
-        need = blocks_for(max_length, self.block_size)
-        if need > self.reservable_blocks:
-            raise CapacityError(
-                f"sequence {seq_id} needs {need} KV blocks for {max_length} tokens, "
-                f"only {self.reservable_blocks} of {self.num_blocks} can be reserved"
-            )
-        self._seqs[seq_id] = _SeqBlocks(reserved_blocks=need, max_length=max_length)
-        self._unallocated_reserved += need
+        self._seqs[seq_id] = _SeqBlocks(max_length=max_length)
 
     def append(self, seq_id: int, num_tokens: int) -> None:
-        """Grow the sequence by ``num_tokens``, allocating blocks from its reservation."""
+        """Grow the sequence by ``num_tokens``, taking blocks from the free list as needed."""
         seq = self._get(seq_id)
         new_length = seq.length + num_tokens
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         if new_length > seq.max_length:
-            raise ValueError(f"seq {seq_id}: {new_length} tokens exceed its reservation of {seq.max_length}")
+            raise ValueError(f"seq {seq_id}: {new_length} tokens exceed its cap of {seq.max_length}")
         need = blocks_for(new_length, self.block_size) - len(seq.table)
+        if need > len(self._free):
+            raise CapacityError(
+                f"sequence {seq_id} needs {need} more KV blocks for {new_length} tokens, "
+                f"{len(self._free)} of {self.num_blocks} are free"
+            )
         for _ in range(need):
             seq.table.append(self._free.pop())
-        self._unallocated_reserved -= max(need, 0)
         seq.length = new_length
 
     def truncate(self, seq_id: int, length: int) -> None:
@@ -119,9 +123,7 @@ class BlockManager:
         keep = blocks_for(length, self.block_size)
         released = seq.table[keep:]
         del seq.table[keep:]
-        # Freed blocks stay reserved for this sequence (it may grow again up to max_length).
         self._free.extend(reversed(released))
-        self._unallocated_reserved += len(released)
         seq.length = length
 
     def free(self, seq_id: int) -> None:
@@ -129,7 +131,6 @@ class BlockManager:
         if seq is None:
             raise ValueError(f"unknown seq_id {seq_id}")
         self._free.extend(reversed(seq.table))
-        self._unallocated_reserved -= seq.reserved_blocks - len(seq.table)
 
     def _get(self, seq_id: int) -> _SeqBlocks:
         seq = self._seqs.get(seq_id)

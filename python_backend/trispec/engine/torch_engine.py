@@ -1,8 +1,9 @@
 """``TorchEngine``: the PyTorch implementation of the ``Engine`` protocol (CPU; CUDA by config).
 
 One engine = one model + one paged KV pool. ``forward`` packs the new tokens of all inputs into one
-ragged batch (see ``model.Transformer``); the ``BlockManager`` hands out cache blocks within each
-sequence's reservation, so a forward can fail only on bad input, never on memory.
+ragged batch (see ``model.Transformer``); the ``BlockManager`` hands out cache blocks as tokens
+arrive. The scheduler checks ``room_for`` before each step (preempting when the pool is short), so a
+forward that runs the pool dry is a bug; it raises ``CapacityError`` and leaves the cache untouched.
 """
 
 from __future__ import annotations
@@ -166,8 +167,8 @@ class TorchEngine:
     def block_size(self) -> int:
         return self.blocks.block_size
 
-    def can_reserve(self, max_length: int) -> bool:
-        return 1 <= max_length <= self._max_context and self.blocks.can_reserve(max_length)
+    def room_for(self, lengths: Mapping[int, int]) -> bool:
+        return all(n <= self._max_context for n in lengths.values()) and self.blocks.room_for(lengths)
 
     def add_sequence(self, seq_id: int, max_length: int) -> None:
         if not 1 <= max_length <= self._max_context:
@@ -216,9 +217,7 @@ class TorchEngine:
                 raise ValueError(f"seq {sid}: num_logits {inp.num_logits} not in [0, {n}]")
             total = self.blocks.length(sid) + n
             if total > self.blocks.max_length(sid):
-                raise ValueError(
-                    f"seq {sid}: {total} tokens exceed its reservation of {self.blocks.max_length(sid)}"
-                )
+                raise ValueError(f"seq {sid}: {total} tokens exceed its cap of {self.blocks.max_length(sid)}")
             if n and not (min(inp.token_ids) >= 0 and max(inp.token_ids) < vocab):
                 raise ValueError(f"seq {sid}: token id out of range [0, {vocab})")
 

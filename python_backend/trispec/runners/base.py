@@ -2,16 +2,20 @@
 
 A runner owns the models and their KV caches. The scheduler admits a sequence into it (``add``),
 hands it one ``StepPlan`` per step (``run``) and releases the sequence when it finishes (``free``);
-it never sees a tensor. ``TorchSpecRunner`` (runners/torch_runner.py) drafts and verifies with our
-PyTorch engine; a TensorRT-LLM runner sends the same plan to TensorRT-LLM's executors.
+it never sees a tensor. KV blocks are taken as tokens arrive: before each step the scheduler asks
+``room_for(steps)`` and, while the answer is no, preempts its most recently admitted sequence
+(``preempt``: blocks freed, recomputed from its verified tokens when re-admitted).
+``TorchSpecRunner`` (runners/torch_runner.py) drafts and verifies with our PyTorch engine; a
+TensorRT-LLM runner sends the same plan to TensorRT-LLM's executors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from trispec.sampling_params import SamplingParams
-from trispec.step import KVUsage, StepPlan, StepResult
+from trispec.step import KVUsage, SeqStep, StepPlan, StepResult
 
 
 class SpecRunner(Protocol):
@@ -28,13 +32,24 @@ class SpecRunner(Protocol):
         """False when there is no drafter (then every step is plain decoding)."""
         ...
 
-    def can_admit(self, max_length: int, drafts: bool) -> bool:
-        """Whether a sequence of up to ``max_length`` tokens fits now (in the draft pool too when it
-        ``drafts``)."""
+    def can_admit(self, num_tokens: int) -> bool:
+        """Whether a new sequence's first ``num_tokens`` tokens fit in the target's free KV now, with
+        room left for the running sequences to grow by a block each (fewer preemptions)."""
         ...
 
     def add(self, seq_id: int, max_length: int, sampling: SamplingParams, drafts: bool) -> None:
-        """Admit a sequence: reserve its KV room and its random state (seeded from ``sampling``)."""
+        """Admit a sequence that may reach ``max_length`` tokens, with its random state (seeded from
+        ``sampling``; a preempted sequence re-admitted keeps the state it had)."""
+        ...
+
+    def room_for(self, steps: Sequence[SeqStep]) -> bool:
+        """Whether the target's KV can take every step at once (fed tokens and drafts). A draft
+        pool that cannot is the runner's own business: it drafts less."""
+        ...
+
+    def preempt(self, seq_id: int) -> None:
+        """Free the sequence's KV blocks but keep its random state: it will be ``add``-ed again and
+        recompute its verified tokens."""
         ...
 
     def run(self, plan: StepPlan) -> StepResult:

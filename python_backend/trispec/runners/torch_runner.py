@@ -22,6 +22,7 @@ from trispec.config import SpecDecConfig
 from trispec.drafters.base import Drafter, DraftProposal, DraftRequest
 from trispec.drafters.none import NoDrafter
 from trispec.engine.base import Engine, ForwardInput
+from trispec.engine.kv_cache import blocks_for
 from trispec.sampling import make_generator
 from trispec.sampling_params import SamplingParams
 from trispec.step import KVUsage, SeqResult, SeqStep, StepPlan, StepResult
@@ -37,7 +38,8 @@ class TorchSpecRunner:
         self.target = target
         self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
         self._generators: dict[int, torch.Generator | None] = {}
-        self._drafting: set[int] = set()
+        self._admitted: set[int] = set()  # in the target's KV now (not preempted)
+        self._drafting: set[int] = set()  # registered with the drafter
         self._draft_failures_in_a_row = 0
         self.drafting_off = False  # set after repeated drafter failures, until restart
 
@@ -60,26 +62,56 @@ class TorchSpecRunner:
     def can_draft(self) -> bool:
         return not isinstance(self.drafter, NoDrafter)
 
-    def can_admit(self, max_length: int, drafts: bool) -> bool:
-        return self.target.can_reserve(max_length) and (not drafts or self.drafter.can_admit(max_length))
+    def can_admit(self, num_tokens: int) -> bool:
+        usage = self.target.kv_usage()
+        need = blocks_for(num_tokens, usage.block_size) + len(self._admitted)
+        return num_tokens <= self.target.max_context and need <= usage.free_blocks
 
     def add(self, seq_id: int, max_length: int, sampling: SamplingParams, drafts: bool) -> None:
         self.target.add_sequence(seq_id, max_length)
+        self._admitted.add(seq_id)
         if drafts:
             self.drafter.add_sequence(seq_id, max_length)
             self._drafting.add(seq_id)
-        # the request's own random state: its draws never depend on what it is batched with
-        self._generators[seq_id] = make_generator(sampling)
+        # the request's own random state: its draws never depend on what it is batched with, nor on
+        # whether it was preempted and recomputed
+        if seq_id not in self._generators:
+            self._generators[seq_id] = make_generator(sampling)
+
+    def room_for(self, steps: Sequence[SeqStep]) -> bool:
+        lengths = {s.seq_id: s.feed_to + s.num_draft_tokens for s in steps}
+        return self.target.room_for(lengths) and self._seeded_drafts_fit(steps)
+
+    def _seeded_drafts_fit(self, steps: Sequence[SeqStep]) -> bool:
+        """A seeded sampled sequence must draft its k whatever it shares (see ``_draft_room``): its
+        drafts must fit the draft pool with every other draft cache dropped."""
+        usage = self.drafter.kv_usage()
+        if usage is None or self.drafting_off:
+            return True
+        need = sum(
+            blocks_for(len(s.token_ids) + s.num_draft_tokens - 1, usage.block_size)
+            for s in steps
+            if s.num_draft_tokens and s.sampling.seeded and not s.is_prompt_chunk
+        )
+        return need <= usage.total_blocks
+
+    def preempt(self, seq_id: int) -> None:
+        self._release(seq_id)
 
     def free(self, seq_id: int) -> None:
-        self.target.free(seq_id)
+        self._release(seq_id)
+        self._generators.pop(seq_id, None)
+
+    def _release(self, seq_id: int) -> None:
+        if seq_id in self._admitted:  # a preempted sequence holds no KV
+            self.target.free(seq_id)
+            self._admitted.discard(seq_id)
         if seq_id in self._drafting:
             self._drafting.discard(seq_id)
             try:
                 self.drafter.free(seq_id)
             except Exception:  # a broken drafter must not keep the target's blocks from returning
                 logger.exception("the drafter failed to free sequence %d", seq_id)
-        self._generators.pop(seq_id, None)
 
     def cached_length(self, seq_id: int) -> int:
         return self.target.cached_length(seq_id)
@@ -146,6 +178,7 @@ class TorchSpecRunner:
         """Each decode's proposal (empty for k = 0), and whether the drafter failed this step."""
         proposals = [DraftProposal([]) for _ in decodes]
         drafting = [i for i, s in enumerate(decodes) if s.num_draft_tokens > 0 and not self.drafting_off]
+        drafting = self._draft_room(decodes, drafting)
         if not drafting:
             return proposals, False
         requests = [
@@ -167,6 +200,38 @@ class TorchSpecRunner:
         for i, proposal in zip(drafting, proposed):
             proposals[i] = proposal
         return proposals, False
+
+    def _draft_room(self, decodes: Sequence[SeqStep], drafting: list[int]) -> list[int]:
+        """The drafting sequences the draft model's KV can hold this step. When it cannot hold them
+        all, the caches of sequences not drafting now are dropped (they catch up when they next
+        draft), then sequences decode plain this step, newest first; seeded sampled ones last of
+        all, and others' caches are dropped to make room for them, because their draws depend on k
+        (``room_for`` made sure they fit)."""
+        if not drafting:
+            return drafting
+
+        def grows_to(i: int) -> tuple[int, int]:  # the draft cache after proposing k tokens
+            s = decodes[i]
+            return s.seq_id, len(s.token_ids) + s.num_draft_tokens - 1
+
+        if self.drafter.room_for(dict(map(grows_to, drafting))):
+            return drafting
+        now = {decodes[i].seq_id for i in drafting}
+        for seq_id in self._drafting - now:
+            self._rollback_draft(seq_id, 0)
+        order = sorted(drafting, key=lambda i: (not decodes[i].sampling.seeded, decodes[i].seq_id))
+        kept: list[int] = []
+        lengths: dict[int, int] = {}
+        for n, i in enumerate(order):
+            seq_id, length = grows_to(i)
+            if not self.drafter.room_for({**lengths, seq_id: length}) and decodes[i].sampling.seeded:
+                for j in order[n + 1 :]:
+                    if not decodes[j].sampling.seeded:
+                        self._rollback_draft(decodes[j].seq_id, 0)
+            if self.drafter.room_for({**lengths, seq_id: length}):
+                lengths[seq_id] = length
+                kept.append(i)
+        return sorted(kept)
 
     def _draft_failed(self, exc: BaseException, num_sequences: int) -> None:
         self._draft_failures_in_a_row += 1

@@ -130,14 +130,24 @@ class TrtllmSpecRunner:
     def can_draft(self) -> bool:
         return self.draft is not None or self.drafter is not None
 
-    def can_admit(self, max_length: int, drafts: bool) -> bool:
-        return max_length <= self._max_context and len(self._seqs) < self._max_batch
+    def can_admit(self, num_tokens: int) -> bool:
+        return num_tokens <= self._max_context and len(self._seqs) < self._max_batch
 
     def add(self, seq_id: int, max_length: int, sampling: SamplingParams, drafts: bool) -> None:
         seq = _Seq(sampling, drafts)
         if sampling.seed is not None:
             seq.base_seed = sampling.seed
         self._seqs[seq_id] = seq
+
+    def room_for(self, steps: Sequence[SeqStep]) -> bool:
+        # each round is a request to the executors, whose own capacity scheduler queues it until
+        # its KV blocks are free: rounds wait there instead of being preempted here
+        return True
+
+    def preempt(self, seq_id: int) -> None:
+        # the executors keep no state of ours between rounds beyond reusable blocks: recomputing
+        # from the verified tokens is what the next round does anyway
+        self._seqs[seq_id].num_computed = 0
 
     def free(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)
