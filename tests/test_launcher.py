@@ -7,12 +7,15 @@ COUNT responses DELAY_S apart). Every server gets free ephemeral ports.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import queue
 import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -25,12 +28,13 @@ from typing import Any
 import numpy as np
 import pytest
 from trispec.serving import launcher
-from trispec.serving.supervisor import Supervisor, SupervisorPolicy, retry_delay_s
+from trispec.serving.supervisor import LoopWatch, Supervisor, SupervisorPolicy, retry_delay_s
 from trispec.serving.tritonserver import (
     SERVER_ROOT_ENV,
     SHM_DIR,
     SHM_PREFIX_ROOT,
     ServerOptions,
+    StubHealthFlag,
     StubProcess,
     TritonInstallation,
     TritonServer,
@@ -194,6 +198,95 @@ def test_retries_back_off_after_the_first() -> None:
     assert [retry_delay_s(policy, n) for n in range(7)] == [0, 0, 1, 2, 4, 5, 5]
 
 
+def test_a_stopped_process_is_alive_and_stopped() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    start_time = process_start_time(child.pid)
+    assert start_time is not None
+    stub = StubProcess(pid=child.pid, instance="x_0_0", start_time=start_time)
+    try:
+        assert stub.is_alive() and not stub.is_stopped()
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_for(stub.is_stopped, 5, "the process to be stopped")
+        assert stub.is_alive()
+        os.kill(child.pid, signal.SIGCONT)
+        wait_for(lambda: not stub.is_stopped(), 5, "the process to run again")
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_loop_watch_counts_only_time_the_stub_runs_with_a_still_heartbeat() -> None:
+    watch = LoopWatch(max_gap_s=2.0)
+    assert watch.observe(0.0, None, running=True) == 0.0  # no heartbeat: nothing to watch
+    assert watch.observe(1.0, 100, running=True) == 0.0  # first beat seen
+    assert watch.observe(2.0, 100, running=True) == 1.0
+    assert watch.observe(3.5, 100, running=True) == 2.5
+    assert watch.observe(4.0, 200, running=True) == 0.0  # it moved
+    # stopped (SIGSTOP) for 10 s: none of it counts, however long
+    for now in range(5, 15):
+        assert watch.observe(float(now), 200, running=False) == 0.0
+    assert watch.observe(15.0, 200, running=True) == 1.0
+    # a supervisor that was not scheduled for 60 s counts at most max_gap_s of it
+    assert watch.observe(75.0, 200, running=True) == 3.0
+    assert watch.observe(76.0, None, running=True) == 0.0  # removed (loop stopped on purpose)
+    assert watch.observe(77.0, 200, running=True) == 0.0
+
+
+def test_heartbeat_file_is_renewed_at_most_every_interval_and_removed_on_stop(tmp_path: Path) -> None:
+    from trispec.serving.loop import Heartbeat
+
+    beat = Heartbeat(tmp_path / "specdec_0_0", interval_s=0.2)
+    beat.beat()
+    first = beat.path.stat().st_mtime_ns
+    beat.beat()  # within the interval: no syscall, same mtime
+    assert beat.path.stat().st_mtime_ns == first
+    time.sleep(0.25)
+    beat.beat()
+    assert beat.path.stat().st_mtime_ns > first
+    beat.remove()
+    assert not beat.path.exists()
+    broken = Heartbeat(tmp_path / "gone" / "specdec_0_0", interval_s=0.0)
+    broken.beat()  # the directory is gone (server stopping): logged, never raised
+    broken.beat()
+
+
+def fake_ipc_region(name: str, ref_count: int = 1, flags: bytes = b"\x00\x00\x00\x01") -> tuple[Path, int]:
+    """A shm file holding an IPC control block laid out as Triton 2.51's, at offset 336 (as seen)."""
+    handle, size = 336, 1 << 16
+    data = bytearray(size)
+    struct.pack_into("<I", data, handle, ref_count)
+    data[handle + 16 : handle + 20] = flags
+    struct.pack_into("<5Q", data, handle + 16 + 88, 496, 8688, 16880, 25072, 33264)
+    path = SHM_DIR / name
+    path.write_bytes(bytes(data))
+    return path, handle
+
+
+def test_stub_health_flag_writes_only_a_block_laid_out_as_triton_2_51s() -> None:
+    name = f"{shm_prefix()}flagtest"
+    path, handle = fake_ipc_region(name)
+    try:
+        stub = StubProcess(os.getpid(), "x_0_0", 0, shm_region=name, ipc_control=handle)
+        before = bytearray(path.read_bytes())
+        flag = StubHealthFlag(stub)
+        flag.set()
+        flag.close()
+        before[handle + 16] = 1  # stub_health, and nothing else
+        assert path.read_bytes() == before
+        for _ in (
+            fake_ipc_region(name, ref_count=0),
+            fake_ipc_region(name, flags=b"\x07\x00\x00\x01"),
+        ):
+            with pytest.raises(TritonServerError, match="not laid out"):
+                StubHealthFlag(stub)
+        with pytest.raises(TritonServerError, match="beyond"):
+            StubHealthFlag(StubProcess(os.getpid(), "x_0_0", 0, shm_region=name, ipc_control=(1 << 16) - 8))
+        with pytest.raises(TritonServerError, match="argv"):
+            StubHealthFlag(StubProcess(os.getpid(), "x_0_0", 0))
+    finally:
+        path.unlink(missing_ok=True)
+
+
 # --- the CLI, no server ----------------------------------------------------------------------------
 
 
@@ -205,6 +298,13 @@ def test_cli_bad_config_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureF
     assert err.startswith("specdec-serve: error: drafter.kind")
     assert launcher.main(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_cli_loop_stall_timeout_reaches_the_policy_and_is_not_negative() -> None:
+    assert launcher.parse_args([]).loop_stall_timeout == SupervisorPolicy().loop_stall_s == 30.0
+    assert launcher.parse_args(["--loop-stall-timeout", "0"]).loop_stall_timeout == 0.0
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--loop-stall-timeout", "-1"])
 
 
 @pytest.mark.parametrize("taken_option", ["--http-port", "--grpc-port", "--metrics-port"])
@@ -376,14 +476,12 @@ def _open_stream(port: int) -> tuple[Any, queue.Queue]:
     return client, responses
 
 
-@pytest.fixture
-def supervised(options: ServerOptions) -> Iterator[Supervisor]:
+@contextlib.contextmanager
+def supervise(options: ServerOptions, policy: SupervisorPolicy) -> Iterator[Supervisor]:
+    """A supervisor serving in a thread, once ready; stopped (and its shm files checked) after."""
     prefixes: list[str] = []
     supervisor = Supervisor(
-        options,
-        # quick to call a hung server unhealthy, so the test stays short
-        SupervisorPolicy(ready_timeout_s=60, probe_timeout_s=0.5, readiness_failures=2),
-        on_ready=lambda server, _restarts: prefixes.append(server.shm_prefix),
+        options, policy, on_ready=lambda server, _restarts: prefixes.append(server.shm_prefix)
     )
     thread, codes = run_in_thread(supervisor)
     try:
@@ -396,6 +494,102 @@ def supervised(options: ServerOptions) -> Iterator[Supervisor]:
     assert codes == [0]
     for prefix in prefixes:
         assert shm_files(prefix) == [], f"shm files of {prefix} were left behind"
+
+
+@pytest.fixture
+def supervised(options: ServerOptions) -> Iterator[Supervisor]:
+    # quick to call a hung server unhealthy, so the test stays short
+    with supervise(
+        options, SupervisorPolicy(ready_timeout_s=60, probe_timeout_s=0.5, readiness_failures=2)
+    ) as sup:
+        yield sup
+
+
+def _collect(responses: queue.Queue, timeout_s: float) -> tuple[list[int], Exception | None]:
+    """A ``stream`` request's INDEX values up to its final response, or up to an error (returned)."""
+    indices: list[int] = []
+    while True:
+        result, error = responses.get(timeout=timeout_s)
+        if error is not None:
+            return indices, error
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            return indices, None
+        indices.append(int(result.as_numpy("INDEX")[0]))
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("keep_health", [True, False], ids=["health-flag-kept", "without-health-flag"])
+def test_a_stub_stopped_while_a_request_arrives_is_waited_for(
+    options: ServerOptions, keep_health: bool
+) -> None:
+    """The stub is stopped (SIGSTOP) for 4 s while a stream is open and a new request arrives. With
+    the supervisor keeping its health flag, both finish whole and nothing restarts. Without (as
+    Triton 2.51 alone does), Triton fails the new request after about a second ("not healthy") and
+    the stub crashes once continued: the supervisor has to restart, cutting every stream."""
+    policy = SupervisorPolicy(ready_timeout_s=60, stub_health_interval_s=0.2 if keep_health else 0.0)
+    with supervise(options, policy) as supervisor:
+        server = supervisor.server
+        assert server is not None
+        stub = next(s for s in server.stubs() if s.instance == "stream_0_0")
+        old_client, old = _open_stream(options.grpc_port)
+        new_client, new = _open_stream(options.grpc_port)
+        try:
+            _stream_request(old_client, count=40, delay_s=0.05)
+            result, error = old.get(timeout=10)
+            assert error is None and result.as_numpy("INDEX")[0] == 0
+            os.kill(stub.pid, signal.SIGSTOP)
+            try:
+                _stream_request(new_client, count=3, delay_s=0.0)  # Triton hands it to the stopped stub
+                time.sleep(4)
+            finally:
+                os.kill(stub.pid, signal.SIGCONT)
+            new_indices, new_error = _collect(new, 20)
+            old_indices, old_error = _collect(old, 20)
+        finally:
+            for client in (old_client, new_client):
+                client.stop_stream(cancel_requests=True)
+                client.close()
+        if keep_health:
+            assert new_error is None and new_indices == [0, 1, 2], new_error
+            assert old_error is None and old_indices == list(range(1, 40)), old_error
+            time.sleep(1.5)  # a restart would be decided within a poll or two
+            assert supervisor.restarts == 0 and supervisor.server is server
+            assert stub.is_alive() and server.poll() is None
+        else:
+            assert new_error is not None and "is not healthy" in str(new_error), new_error
+            wait_for(lambda: supervisor.restarts == 1, 30, "the restart after the stub crashed")
+            assert not stub.is_alive()
+
+
+@pytest.mark.server
+def test_a_loop_whose_heartbeat_stands_still_is_restarted_but_not_while_stopped(
+    options: ServerOptions, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ``stream`` model has no serving loop; the test gives its stub a heartbeat file that never
+    moves, as a stuck loop's would. While the stub is stopped, twice the threshold passes and nothing
+    happens; once it runs again, the supervisor restarts the server within about the threshold."""
+    policy = SupervisorPolicy(ready_timeout_s=60, loop_stall_s=2.0)
+    with (
+        caplog.at_level(logging.WARNING, logger="trispec.serving.supervisor"),
+        supervise(options, policy) as sup,
+    ):
+        first = sup.server
+        assert first is not None and first.heartbeat_dir is not None
+        stub = next(s for s in first.stubs() if s.instance == "stream_0_0")
+        os.kill(stub.pid, signal.SIGSTOP)
+        try:
+            (first.heartbeat_dir / "stream_0_0").touch()
+            time.sleep(4)
+            assert sup.restarts == 0, "restarted for a loop that was only stopped"
+        finally:
+            os.kill(stub.pid, signal.SIGCONT)
+        took = wait_for(lambda: sup.restarts == 1, 20, "the restart for the stuck loop")
+        assert took >= 1.0, "restarted before the loop had run the threshold"
+        assert "the serving loop of stream_0_0" in caplog.text
+        wait_for(sup.ready.is_set, 60, "the server to be ready again")
+        # the new server's stubs have no heartbeat: nothing to watch, nothing restarts
+        time.sleep(3)
+        assert sup.restarts == 1
 
 
 @pytest.mark.server

@@ -1,6 +1,7 @@
 """``specdec-serve``: write the model repository from the YAML config and serve it from tritonserver.
 
-Runs in the foreground under a supervisor that restarts the server if it or a Python stub dies.
+Runs in the foreground under a supervisor that restarts the server if it or a Python stub dies, or a
+serving loop is stuck; a stub that is only slow or stopped for a while is waited for.
 SIGTERM or Ctrl-C stops the server cleanly (its shm files removed) and exits 0.
 """
 
@@ -71,6 +72,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "exit before it unloaded (default: %(default)s)",
     )
     parser.add_argument(
+        "--loop-stall-timeout",
+        type=float,
+        default=30.0,
+        help="restart the server when a serving loop's heartbeat stands still this many seconds while "
+        "its stub runs (time stopped does not count); 0 never (default: %(default)s)",
+    )
+    parser.add_argument(
         "--admin-key-file",
         type=Path,
         help="where the key for Triton's admin APIs is read, or written (mode 0600) if missing "
@@ -84,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose level")
     parser.add_argument("--log-file", type=Path, help="write the server's log here (default: this terminal)")
     args = parser.parse_args(argv)
+    if args.loop_stall_timeout < 0:
+        parser.error("--loop-stall-timeout must be >= 0")
     if args.no_prepare and args.config is not None:
         parser.error("--config has no effect with --no-prepare")
     return args
@@ -201,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     try:
-        supervisor = Supervisor(options, SupervisorPolicy(ready_timeout_s=args.ready_timeout), announce)
+        policy = SupervisorPolicy(ready_timeout_s=args.ready_timeout, loop_stall_s=args.loop_stall_timeout)
+        supervisor = Supervisor(options, policy, announce)
     except TritonServerError as exc:
         return fail(str(exc), 1)
 

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
@@ -88,13 +89,50 @@ class _Live:
     token_count: int = 0
 
 
+class Heartbeat:
+    """A file whose mtime the loop thread renews at most every ``interval_s``, once per round and
+    every 0.1 s when idle: the supervisor restarts the server when it stands still for long while the
+    stub runs (a stuck loop would otherwise hang its requests while /v2/health/ready says 200)."""
+
+    def __init__(self, path: Path, interval_s: float = 0.5) -> None:
+        self.path = path
+        self.interval_s = interval_s
+        self._last = float("-inf")
+        self._failed = False
+
+    def beat(self) -> None:
+        now = time.monotonic()
+        if now - self._last < self.interval_s:
+            return
+        self._last = now
+        try:
+            self.path.touch()
+        except OSError as exc:  # never fatal to serving; said once
+            if not self._failed:
+                logger.warning("cannot renew the heartbeat file %s: %s", self.path, exc)
+            self._failed = True
+
+    def remove(self) -> None:
+        """A loop stopped on purpose is not stuck: take its heartbeat away."""
+        self.path.unlink(missing_ok=True)
+
+
 class ServingLoop:
     def __init__(
-        self, engine: LLMEngine, metrics: LoopMetrics | None = None, limits: QueueLimits = QueueLimits()
+        self,
+        engine: LLMEngine,
+        metrics: LoopMetrics | None = None,
+        limits: QueueLimits = QueueLimits(),
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.limits = limits
+        self.heartbeat = heartbeat
+        if limits.max_queue_delay_s is not None:
+            # halfway to being refused, a request not started takes the place of one that has
+            # streamed as long (scheduler: ``_admit_urgent``)
+            engine.admit_urgently_after(limits.max_queue_delay_s / 2)
         self._live: dict[int, _Live] = {}
         # held while a request is registered, and while a round's outputs are dispatched, so an
         # output never arrives for a request that is not registered yet
@@ -146,6 +184,8 @@ class ServingLoop:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        if self.heartbeat is not None:
+            self.heartbeat.remove()
         with self._lock:
             live, self._live = self._live, {}
         for state in live.values():
@@ -156,6 +196,8 @@ class ServingLoop:
         if self.metrics is not None:
             self._record(None, [])  # gauges show the idle state before the first request
         while not self._stopping.is_set():
+            if self.heartbeat is not None:
+                self.heartbeat.beat()
             if not self.engine.has_work():
                 self._wake.wait(timeout=0.1)
                 self._wake.clear()

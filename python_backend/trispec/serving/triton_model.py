@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from trispec.errors import InvalidInputError, Overloaded
-from trispec.serving.loop import ErrorKind, QueueLimits, ServingLoop
+from trispec.serving.loop import ErrorKind, Heartbeat, QueueLimits, ServingLoop
 from trispec.serving.tensors import as_tensor_error, check_parameters, parse_inputs
+from trispec.serving.tritonserver import HEARTBEAT_DIR_ENV
 
 # model config parameter holding the YAML path; empty means the built-in default config
 CONFIG_PARAMETER = "specdec_config"
@@ -74,7 +76,11 @@ class TritonPythonModel:
         self.defaults = config.defaults
         self.max_prompt_bytes = config.serving.max_prompt_bytes
         limits = QueueLimits(config.scheduler.max_waiting, config.scheduler.max_queue_delay_s)
-        self.loop = ServingLoop(self.llm.engine, TritonMetrics(pb_utils, args["model_name"]), limits)
+        # specdec-serve's supervisor watches this file (see tritonserver.HEARTBEAT_DIR_ENV)
+        beats = os.environ.get(HEARTBEAT_DIR_ENV)
+        heartbeat = Heartbeat(Path(beats) / args["model_instance_name"]) if beats else None
+        metrics = TritonMetrics(pb_utils, args["model_name"])
+        self.loop = ServingLoop(self.llm.engine, metrics, limits, heartbeat)
         self.loop.start()
         logger.info("specdec ready: drafter %s, scheduler %s", config.drafter.kind, config.scheduler)
 

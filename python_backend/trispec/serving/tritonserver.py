@@ -4,7 +4,8 @@ The server comes from the ``nvidia-pytriton`` wheel (located, never imported). F
 (see ``/work/shared/notes/triton-on-cpu.md``): the Python backend needs a backend directory of its
 own holding the stub for the running Python; the stub finds ``libpython`` via ``LD_LIBRARY_PATH`` and
 its prefix via ``PATH``; a crashed stub is never restarted by Triton 2.51 (that is the supervisor's
-job, see ``supervisor.py``).
+job, see ``supervisor.py``), and a stub stalled for over a second while a request arrives makes
+Triton give up on that request and the stub then crash (see ``StubHealthFlag``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -39,6 +41,9 @@ SHM_DIR = Path("/dev/shm")
 SHM_PREFIX_ROOT = "specdec_"
 # a tritonserver install tree to use instead of the wheel's (NVIDIA's images: /opt/tritonserver)
 SERVER_ROOT_ENV = "SPECDEC_TRITONSERVER_ROOT"
+# the directory, passed to the stubs in their environment, where each serving loop renews its heartbeat
+# file (named after its model instance, e.g. specdec_0_0); the supervisor watches them
+HEARTBEAT_DIR_ENV = "SPECDEC_HEARTBEAT_DIR"
 _launch_counter = itertools.count()
 # logged as an error at every start on a machine without a GPU; harmless
 _NOISE = "CudaDriverHelper has not been initialized"
@@ -218,11 +223,20 @@ class StubProcess:
     pid: int
     instance: str
     start_time: int  # /proc/<pid>/stat starttime: tells a reused pid from the original
+    # where Triton keeps this stub's IPC control block (its argv[2] and argv[7]), see StubHealthFlag
+    shm_region: str = ""
+    ipc_control: int = 0
 
     def is_alive(self) -> bool:
-        """False once the stub has exited: gone, a zombie (Triton does not reap it), or pid reused."""
+        """False once the stub has exited: gone, a zombie (Triton does not reap it), or pid reused.
+        A stopped stub (SIGSTOP, a debugger) is alive: it carries on where it was when continued."""
         stat = _read_stat(self.pid)
         return stat is not None and stat[0] not in ("Z", "X") and stat[2] == self.start_time
+
+    def is_stopped(self) -> bool:
+        """True while the stub is stopped by a signal or a tracer: alive, but none of it runs."""
+        stat = _read_stat(self.pid)
+        return stat is not None and stat[0] in ("T", "t") and stat[2] == self.start_time
 
 
 def _read_stat(pid: int) -> tuple[str, int, int] | None:
@@ -276,8 +290,87 @@ def find_stubs(server_pid: int) -> list[StubProcess]:
         # argv: stub model.py shm_region shm_default shm_growth parent_pid backend_dir ipc instance ...
         if not is_stub or stat is None or stat[0] in ("Z", "X") or len(argv) < 9:
             continue
-        stubs.append(StubProcess(pid=pid, instance=argv[8].decode(errors="replace"), start_time=stat[2]))
+        try:
+            ipc_control = int(argv[7])
+        except ValueError:
+            ipc_control = 0
+        stubs.append(
+            StubProcess(
+                pid=pid,
+                instance=argv[8].decode(errors="replace"),
+                start_time=stat[2],
+                shm_region=argv[2].decode(errors="replace"),
+                ipc_control=ipc_control,
+            )
+        )
     return stubs
+
+
+# The Python backend's IPC control block as python_backend r24.10 (Triton 2.51) lays it out in the
+# stub's shm region: a 16-byte ownership header (shm_manager.h, AllocatedShmOwnership: uint32 ref
+# count, alignas 16), then IPCControlShm (pb_utils.h): bool stub_health, parent_health, uses_env,
+# decoupled; two pthread mutexes (40 bytes each, from byte 8); five uint64 queue handles (from byte 88).
+_OWNERSHIP_BYTES = 16
+_CONTROL_BYTES = 88 + 5 * 8
+
+
+class StubHealthFlag:
+    """Sets a stub's health flag in Triton's shared memory, as the stub's own health thread does.
+
+    Why: when Triton hands a request to a stub (``ProcessRequests``, python_be.cc) it clears this flag
+    and waits for the stub's reply in 1-second slices (``StubLauncher::ReceiveMessageFromStub``,
+    stub_launcher.cc); the stub's background thread sets the flag every 300 ms (pb_stub.cc). If a
+    slice ends with the flag still clear (the stub is stopped, or starved of CPU, for over about a
+    second) Triton fails the request with "Stub process '<instance>' is not healthy", frees the
+    request's shared memory and stops waiting, but the execute message stays queued: when the stub
+    runs again it reads that freed memory and dies (SIGSEGV, seen on 2.51), taking every open stream
+    with it. Both timeouts are hard-coded; the ``stub-timeout-seconds`` backend option is parsed but
+    unused in this version.
+
+    The supervisor sets the flag while the stub process exists (stopped or not), so Triton keeps
+    waiting for a stub that is only slow, and lets it clear once the stub has exited, so a dead stub
+    is still reported within a second or two. The layout is checked before anything is written; a
+    Triton whose block looks different raises TritonServerError here and is left alone.
+    """
+
+    def __init__(self, stub: StubProcess) -> None:
+        self.stub = stub
+        self._offset = stub.ipc_control + _OWNERSHIP_BYTES
+        if not stub.shm_region or stub.ipc_control <= 0 or "/" in stub.shm_region:
+            raise TritonServerError(f"stub {stub.instance}: no shm region or IPC control handle in its argv")
+        self._fd = os.open(SHM_DIR / stub.shm_region, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            self._check_layout()
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def _check_layout(self) -> None:
+        size = os.fstat(self._fd).st_size
+        block = os.pread(self._fd, _OWNERSHIP_BYTES + _CONTROL_BYTES, self.stub.ipc_control)
+        if len(block) < _OWNERSHIP_BYTES + _CONTROL_BYTES:
+            raise TritonServerError(f"stub {self.stub.instance}: IPC control block beyond its shm region")
+        (ref_count,) = struct.unpack_from("<I", block, 0)
+        flags = block[_OWNERSHIP_BYTES : _OWNERSHIP_BYTES + 4]
+        handles = struct.unpack_from("<5Q", block, _OWNERSHIP_BYTES + 88)
+        looks_right = (
+            1 <= ref_count <= 4
+            and all(b in (0, 1) for b in flags)
+            and all(0 < h < size for h in handles)
+            and len(set(handles)) == len(handles)
+        )
+        if not looks_right:
+            raise TritonServerError(
+                f"stub {self.stub.instance}: the IPC control block is not laid out as in Triton 2.51 "
+                "(python_backend r24.10); its health flag is left alone"
+            )
+
+    def set(self) -> None:
+        # one byte, written through the same tmpfs pages Triton and the stub map
+        os.pwrite(self._fd, b"\x01", self._offset)
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 def remove_shm(prefix: str) -> list[Path]:
@@ -336,6 +429,8 @@ class TritonServer:
         self.ready_url = f"http://{probe_host(options.host)}:{options.http_port}/v2/health/ready"
         self._process: subprocess.Popen[bytes] | None = None
         self._backend_dir: Path | None = None
+        # each serving loop's heartbeat file is here (see HEARTBEAT_DIR_ENV); made by start()
+        self.heartbeat_dir: Path | None = None
         self._log: IO[bytes] | None = None
         self._log_offset = 0
         self._stopped = False
@@ -352,6 +447,7 @@ class TritonServer:
         self._backend_dir = prepare_backend_directory(
             Path(tempfile.mkdtemp(prefix="specdec-backends-")), self.install
         )
+        self.heartbeat_dir = Path(tempfile.mkdtemp(prefix="specdec-heartbeat-"))
         command = build_command(self.install, self.options, self._backend_dir, self.shm_prefix)
         if self.options.log_file is not None:
             self.options.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -361,7 +457,7 @@ class TritonServer:
         try:
             self._process = subprocess.Popen(
                 command,
-                env=server_environment(self.install),
+                env={**server_environment(self.install), HEARTBEAT_DIR_ENV: str(self.heartbeat_dir)},
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT if self._log is not None else None,
@@ -402,6 +498,16 @@ class TritonServer:
     def stubs(self) -> list[StubProcess]:
         return find_stubs(self._process.pid) if self._process is not None else []
 
+    def heartbeat(self, instance: str) -> int | None:
+        """When the serving loop of model instance ``instance`` last beat (file mtime, ns), or None
+        if it has none (not a serving loop, not started yet, or stopped cleanly)."""
+        if self.heartbeat_dir is None:
+            return None
+        try:
+            return (self.heartbeat_dir / instance).stat().st_mtime_ns
+        except OSError:
+            return None
+
     def stop(self, graceful: bool = True) -> int | None:
         """End the server and everything in its process group; remove its shm files; return its exit code.
 
@@ -434,6 +540,8 @@ class TritonServer:
         if self._backend_dir is not None:
             shutil.rmtree(self._backend_dir, ignore_errors=True)
             self._backend_dir = None
+        if self.heartbeat_dir is not None:
+            shutil.rmtree(self.heartbeat_dir, ignore_errors=True)
 
     @staticmethod
     def _kill_group(process: subprocess.Popen[bytes]) -> None:
