@@ -113,3 +113,53 @@ def test_a_small_draft_pool_drafts_less_and_stays_exact() -> None:
     # some rounds planned with drafts drafted nothing (no room), others drafted
     assert 0 < stats.drafts < sum(stats.rounds_by_num_draft_tokens[1:])
     assert_idle(llm)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_request_waiting_too_long_takes_the_place_of_one_that_streamed_as_long() -> None:
+    # serving under overload: the batch is full (two slots); the third request, once it has waited
+    # half of max_queue_delay_s, preempts the most recently admitted sequence that streamed as long
+    llm = spec_engine(tiny_engine(0, num_blocks=64, block_size=8), None, max_context=96, max_batch_size=2)
+    clock = Clock()
+    llm.scheduler.clock = clock
+    llm.admit_urgently_after(1.0)
+    ids = [llm.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=MAX_TOKENS)) for p in PROMPTS[:3]]
+    outputs: dict[int, list] = {}
+
+    def step() -> None:
+        for out in llm.step():
+            outputs.setdefault(out.request_id, []).append(out)
+
+    for _ in range(3):
+        step()
+    assert ids[2] not in outputs and llm.num_waiting == 1  # waits while it is not urgent
+    clock.now = 0.9
+    step()
+    assert ids[2] not in outputs
+    clock.now = 1.0
+    step()  # urgent now: admitted in place of the newest sequence, and its first token comes at once
+    assert tokens_of(outputs[ids[2]]) and llm.stats.preemptions == 1
+    assert [s.seq_id for s in llm.scheduler.waiting] == [ids[1]]
+    while llm.has_work():
+        step()
+    for prompt, i in zip(PROMPTS, ids):
+        assert tokens_of(outputs[i]) == reference_greedy(prompt, MAX_TOKENS)
+    assert_idle(llm)
+
+
+def test_offline_requests_wait_their_turn() -> None:
+    llm = spec_engine(tiny_engine(0, num_blocks=64, block_size=8), None, max_context=96, max_batch_size=2)
+    clock = Clock()
+    llm.scheduler.clock = clock
+    ids = [llm.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=MAX_TOKENS)) for p in PROMPTS[:3]]
+    llm.step()
+    clock.now = 100.0
+    outputs = run_to_completion(llm)
+    assert llm.stats.preemptions == 0 and all(tokens_of(outputs[i]) for i in ids)

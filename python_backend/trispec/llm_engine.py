@@ -33,6 +33,11 @@ class LLMEngine:
     def cancel(self, request_id: int) -> None:
         self.scheduler.cancel(request_id)
 
+    def admit_urgently_after(self, seconds: float | None) -> None:
+        """Serving under overload: a request waiting this long preempts one that has run as long
+        (None: requests wait their turn, as offline)."""
+        self.scheduler.urgent_after_s = seconds
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -57,6 +58,7 @@ class Scheduler:
         encode: Callable[[str], list[int]],
         make_text_tracker: Callable[[list[str]], StopTextTracker],
         eos_ids: frozenset[int],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # the runner's admission bookkeeping (can_admit / add / free); the step itself is LLMEngine's
         self.runner = runner
@@ -64,6 +66,11 @@ class Scheduler:
         self.encode = encode
         self.make_text_tracker = make_text_tracker
         self.eos_ids = eos_ids
+        self.clock = clock
+        # serving under overload (set by the serving loop from scheduler.max_queue_delay_s): a request
+        # not started after this long takes the place of a sequence that has streamed at least as
+        # long; None (offline, benchmark): requests wait their turn
+        self.urgent_after_s: float | None = None
         max_k = config.max_num_draft_tokens if runner.can_draft else 0
         max_context = runner.max_context
         if config.max_context is not None:
@@ -81,7 +88,7 @@ class Scheduler:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
-        self._untokenized: list[tuple[int, GenerationRequest]] = []
+        self._untokenized: list[tuple[int, GenerationRequest, float]] = []
         self._cancels: set[int] = set()
         # outputs that arise while scheduling (cancellations), returned by the next postprocess
         self._pending_outputs: list[RequestOutput] = []
@@ -99,15 +106,15 @@ class Scheduler:
         if tokenize_later and request.prompt_token_ids is None:
             with self._lock:
                 seq_id = next(self._ids)
-                self._untokenized.append((seq_id, request))
+                self._untokenized.append((seq_id, request, self.clock()))
             return seq_id
-        seq = self._sequence(request)
+        seq = self._sequence(request, arrived_at=self.clock())
         with self._lock:
             seq.seq_id = next(self._ids)
             self._inbox.append(seq)
         return seq.seq_id
 
-    def _sequence(self, request: GenerationRequest, seq_id: int = -1) -> Sequence:
+    def _sequence(self, request: GenerationRequest, seq_id: int = -1, arrived_at: float = 0.0) -> Sequence:
         if request.prompt_token_ids is not None:
             prompt_ids = list(request.prompt_token_ids)
         else:
@@ -122,6 +129,7 @@ class Scheduler:
             end_ids=frozenset([request.end_id]) if request.end_id is not None else self.eos_ids,
             text=self.make_text_tracker(list(request.stop)),
             drafts=num_draft_tokens > 0,
+            arrived_at=arrived_at,
         )
 
     def cancel(self, request_id: int) -> None:
@@ -133,7 +141,7 @@ class Scheduler:
         """Requests not started yet (submitted, or waiting for a first slot), oldest first; a
         preempted request waiting to resume is not among them."""
         with self._lock:
-            inbox = [s.seq_id for s in self._inbox] + [seq_id for seq_id, _ in self._untokenized]
+            inbox = [s.seq_id for s in self._inbox] + [seq_id for seq_id, _, _ in self._untokenized]
             return [s.seq_id for s in self.waiting if not s.preemptions] + sorted(inbox)
 
     def has_work(self) -> bool:
@@ -169,7 +177,7 @@ class Scheduler:
         (prompt + max_tokens <= max_context <= the pool)."""
         while steps and not self.runner.room_for(steps):
             if len(self.running) > 1:
-                victim = self.running[-1]
+                victim = self._victim() or self.running[-1]
                 self._preempt(victim)
                 steps = [s for s in steps if s.seq_id != victim.seq_id]
             elif any(s.num_draft_tokens for s in steps):
@@ -177,6 +185,14 @@ class Scheduler:
             else:
                 break  # cannot happen within max_context; the runner then fails the sequence
         return steps
+
+    def _victim(self, min_run_s: float = 0.0) -> Sequence | None:
+        """The most recently admitted sequence that has streamed a token (a request's first token is
+        never delayed by preemption) and has run for at least ``min_run_s`` since its admission."""
+        now = self.clock()
+        return next(
+            (s for s in reversed(self.running) if s.output_ids and now - s.admitted_at >= min_run_s), None
+        )
 
     def _preempt(self, seq: Sequence) -> None:
         """Free the sequence's KV and queue it first in line; re-admitted, it recomputes its verified
@@ -224,9 +240,9 @@ class Scheduler:
         with self._lock:
             untokenized, self._untokenized = self._untokenized, []
         arrived = []
-        for seq_id, request in untokenized:
+        for seq_id, request, arrived_at in untokenized:
             try:
-                seq = self._sequence(request, seq_id)
+                seq = self._sequence(request, seq_id, arrived_at)
             except InvalidInputError as exc:
                 refused = RequestOutput(
                     seq_id, [], "", True, FinishReason.ERROR, AcceptanceStats(), str(exc), exc
@@ -251,14 +267,37 @@ class Scheduler:
         self._retire()
 
     def _admit(self) -> None:
-        while self.waiting and len(self.running) < self.config.max_batch_size:
-            seq = self.waiting[0]
-            # its first step: every verified token and the drafts
-            if not self.runner.can_admit(seq.num_tokens + seq.num_draft_tokens):
-                break
-            self.waiting.popleft()
-            self.runner.add(seq.seq_id, seq.max_length, seq.sampling, seq.drafts)
-            self.running.append(seq)
+        while self.waiting and self._fits_now(self.waiting[0]):
+            self._start(self.waiting.popleft())
+        if self.urgent_after_s is not None:
+            self._admit_urgent(self.urgent_after_s)
+
+    def _fits_now(self, seq: Sequence) -> bool:
+        # its first step: every verified token and the drafts
+        return len(self.running) < self.config.max_batch_size and self.runner.can_admit(
+            seq.num_tokens + seq.num_draft_tokens
+        )
+
+    def _start(self, seq: Sequence) -> None:
+        self.runner.add(seq.seq_id, seq.max_length, seq.sampling, seq.drafts)
+        seq.admitted_at = self.clock()
+        self.running.append(seq)
+
+    def _admit_urgent(self, after_s: float) -> None:
+        """Overload: a request not started after ``after_s`` takes the place of the most recently
+        admitted sequence that has streamed for at least as long (preempted, it resumes later), so
+        time to first token stays bounded while the batch or the KV pool is full. The requests
+        still waiting are refused by the serving loop at ``max_queue_delay_s``."""
+        now = self.clock()
+        urgent = [s for s in self.waiting if not s.preemptions and now - s.arrived_at >= after_s]
+        for seq in urgent:
+            while not self._fits_now(seq):
+                victim = self._victim(min_run_s=after_s)
+                if victim is None:
+                    return
+                self._preempt(victim)
+            self.waiting.remove(seq)
+            self._start(seq)
 
     # -- 3. postprocess ------------------------------------------------------------------------
     def postprocess(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:

@@ -37,6 +37,9 @@ class Sequence:
     draft_synced: int = 0
     # times its KV was freed under memory pressure (it then waits first in line to recompute)
     preemptions: int = 0
+    # the scheduler's clock when the request arrived and when it was last admitted
+    arrived_at: float = 0.0
+    admitted_at: float = 0.0
     finish_reason: FinishReason | None = None
     error: str | None = None
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
