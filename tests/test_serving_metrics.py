@@ -66,6 +66,7 @@ def test_counters_follow_the_totals_and_gauges_the_state() -> None:
     engine.record_round(0, 0)
     engine.record_verify_batch(2)
     engine.generated_tokens = 7
+    engine.preemptions = 2
     metrics.record(report(engine, ["length", "cancelled"], used=3))
 
     assert value("specdec_generated_tokens_total") == 7
@@ -74,6 +75,7 @@ def test_counters_follow_the_totals_and_gauges_the_state() -> None:
     assert value("specdec_drafts_total") == 2  # the k=0 round proposed nothing
     assert value("specdec_verify_rounds_total") == 3
     assert value("specdec_verify_steps_total") == 2
+    assert value("specdec_preemptions_total") == 2
     assert value("specdec_max_verify_batch_size") == 2
     assert [value("specdec_accepted_per_position_total", position=str(i)) for i in range(3)] == [2, 1, 1]
     planned = "specdec_rounds_by_num_draft_tokens_total"

@@ -136,7 +136,7 @@ class SchedulerConfig(_Strict):
     # serving only: requests waiting for a slot beyond these are refused at once (retryable);
     # null = unbounded (the offline CLI and the benchmark never refuse)
     max_waiting: int | None = Field(64, ge=0)
-    max_queue_delay_s: float | None = Field(2.0, gt=0)
+    max_queue_delay_s: float | None = Field(1.5, gt=0)
 
     @model_validator(mode="after")
     def _default_within_max(self) -> SchedulerConfig:

@@ -64,6 +64,11 @@ class TritonMetrics:
         self.draft_failures = metric(
             "specdec_draft_failures_total", counter, "Steps whose drafter failed (run as plain decoding)"
         )
+        self.preemptions = metric(
+            "specdec_preemptions_total",
+            counter,
+            "Sequences whose KV was freed to make room (they resume later, recomputing their tokens)",
+        )
         self._accepted_at: list[Any] = []
         self._planned: list[Any] = []
         self._last = EngineStats()  # the totals at the previous report
@@ -114,6 +119,7 @@ class TritonMetrics:
             (self.accepted_tokens, "accepted_tokens"),
             (self.verify_rounds, "rounds"),
             (self.draft_failures, "draft_failures"),
+            (self.preemptions, "preemptions"),
         ):
             delta = getattr(totals, name) - getattr(last, name)
             if delta:
