@@ -26,6 +26,16 @@ from trispec.serving.tritonserver import HEARTBEAT_DIR_ENV
 # model config parameter holding the YAML path; empty means the built-in default config
 CONFIG_PARAMETER = "specdec_config"
 
+# torch's packed fp32 linear (oneDNN, engine/linear.py) JIT-compiles and caches a kernel per input row
+# count: up to 1024 primitives in oneDNN's cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY) and 1024 descriptors
+# in ideep's (LRU_CACHE_CAPACITY), each about 1-2 MB. A serving batch has a new row count almost every
+# round, so with the defaults the stub's RSS climbed by hundreds of MB for many minutes (memray: the
+# memory still held after 600 requests was nearly all oneDNN JIT kernels). Bounded here, before anything
+# imports torch (both are read on first use); an operator's own setting wins.
+ONEDNN_CACHE_CAPACITY = "64"
+for _variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+    os.environ.setdefault(_variable, ONEDNN_CACHE_CAPACITY)
+
 logger = logging.getLogger(__name__)
 
 
