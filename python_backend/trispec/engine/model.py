@@ -1,20 +1,14 @@
-"""A compact Llama-family decoder (Llama, SmolLM2, Qwen2) running on a packed, ragged batch.
-
-The forward pass takes the NEW tokens of many sequences packed into one ``[T]`` vector (each
-sequence its own count and start position) and the paged KV cache:
+"""A compact Llama-family decoder (Llama, SmolLM2, Qwen2) over a packed, ragged batch: the NEW
+tokens of many sequences in one ``[T]`` vector (each its own count and start) and the paged KV cache.
 
 * every linear layer runs once over all ``T`` packed tokens (the big win of batching on CPU);
-* attention (``attention.py``) reads each sequence's keys/values from the paged cache through its
-  block table. On CPU it is our batch-invariant kernel: every row's output depends only on its own
-  query and keys, never on what else is in the batch (see attention.py for why and the fallback);
-* every op outside attention is row-wise (norms, RoPE, SwiGLU, residuals) or a prepacked oneDNN /
-  int8 GEMM whose rows do not depend on the row count, so a token's logits are bit-identical alone,
-  in a batch of 32, or verified together with k drafts;
+* attention (``attention.py``) reads each sequence's keys/values through its block table; on CPU
+  with our batch-invariant kernel, and every other op is row-wise or a GEMM whose rows do not depend
+  on the row count, so a token's logits are bit-identical alone, in a batch of 32, or with k drafts;
 * the LM head (the biggest matmul for a 49k vocabulary) runs only on rows whose logits are wanted.
 
-Weights are plain tensors and plain callables (no ``nn.Module`` per layer): at 1-5 tokens a step is
-~120 matmuls plus ~40 small ops per layer, and the Python/dispatch cost of the small ops is a
-visible part of a 135M model's step on 2 cores.
+Weights are plain tensors and callables (no ``nn.Module`` per layer): at 1-5 tokens a step's
+Python/dispatch cost of ~40 small ops per layer is visible on a 135M model on 2 cores.
 """
 
 from __future__ import annotations
@@ -107,15 +101,9 @@ class Transformer:
         ]
         tensors = [t for t in (self.embed, self.embed_scales, self.norm) if t is not None]
         tensors += [t for m in linears for t in m.tensors()]
-        seen: set[int] = set()
-        total = 0
-        for t in tensors:
-            if t.layout == torch.strided:  # a packed (opaque) tensor has no storage to share
-                if t.data_ptr() in seen:
-                    continue
-                seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-        return total
+        # a packed (opaque) tensor has no storage to share
+        unique = {t.data_ptr() if t.layout == torch.strided else -i: t for i, t in enumerate(tensors, 1)}
+        return sum(t.numel() * t.element_size() for t in unique.values())
 
     def make_batch(self, seqs: Sequence[SeqSpec], block_size: int) -> tuple[Batch, list[tuple[int, int]]]:
         """Pack ``seqs`` for ``forward`` (see ``batch.pack``)."""
