@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP endpoint (``specdec-openai``) in front of the specdec model on Triton."""

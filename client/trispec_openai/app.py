@@ -1,0 +1,154 @@
+"""The OpenAI-compatible routes (FastAPI): ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
+and ``/health`` (200 while Triton says the model is ready, else 503: for load balancers).
+
+Bodies are read and validated here rather than by FastAPI's body parameters, so that every failure,
+malformed JSON included, is answered in OpenAI's error shape with 400 (FastAPI's own would be 422).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response
+
+from trispec_openai.errors import OpenAIError, invalid
+from trispec_openai.formats import ChatFormat, CompletionFormat
+from trispec_openai.mapping import jobs
+from trispec_openai.schemas import ChatCompletionRequest, CompletionRequest
+from trispec_openai.service import Call
+from trispec_openai.tokens import ServedTokenizer
+from trispec_openai.triton import TritonGenerator
+
+logger = logging.getLogger(__name__)
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def _validation_error(exc: ValidationError) -> OpenAIError:
+    error = exc.errors()[0]
+    param = ".".join(str(part) for part in error["loc"]) or None
+    message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
+    return invalid(f"{param}: {message}" if param else message, param)
+
+
+async def _parse(request: Request, model: type[Body]) -> Body:
+    try:
+        data = json.loads(await request.body())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise invalid(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise invalid("the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+
+
+def _error_response(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_model: str) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await generator.open()
+        try:
+            yield
+        finally:
+            await generator.close()
+
+    app = FastAPI(title="specdec OpenAI-compatible API", lifespan=lifespan)
+    started = int(time.time())
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError) -> Response:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def request_error(_: Request, exc: RequestValidationError) -> Response:
+        return _error_response(invalid(str(exc)))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> Response:
+        code = "not_found" if exc.status_code == 404 else None
+        return _error_response(OpenAIError(exc.status_code, str(exc.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> Response:
+        logger.exception("request failed")
+        return _error_response(OpenAIError(500, f"internal error: {exc}", code="internal_error"))
+
+    def model_card() -> dict[str, Any]:
+        return {"id": served_model, "object": "model", "created": started, "owned_by": "specdec"}
+
+    def check_model(name: str) -> None:
+        if name != served_model:
+            raise OpenAIError(
+                404,
+                f"The model '{name}' does not exist; this server serves '{served_model}'",
+                param="model",
+                code="model_not_found",
+            )
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name}")
+    async def get_model(name: str) -> dict[str, Any]:
+        check_model(name)
+        return model_card()
+
+    @app.get("/health")
+    async def health() -> Response:
+        ready = await generator.ready()
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    async def answer(call: Call, stream: bool) -> Response:
+        return await (call.streamed() if stream else call.whole())
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest)
+        check_model(body.model)
+        prompts = body.prompts
+        logprobs = body.logprobs is not None
+        fmt = CompletionFormat(served_model, logprobs)
+        call = Call(
+            generator,
+            tokenizer,
+            fmt,
+            jobs(body, prompts),
+            prompts,
+            logprobs=logprobs,
+            include_usage=body.include_usage,
+        )
+        return await answer(call, body.stream)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest)
+        check_model(body.model)
+        prompts = [tokenizer.chat_template.render([m.for_template() for m in body.messages])]
+        fmt = ChatFormat(served_model, body.logprobs)
+        call = Call(
+            generator,
+            tokenizer,
+            fmt,
+            jobs(body, prompts),
+            prompts,
+            logprobs=body.logprobs,
+            include_usage=body.include_usage,
+        )
+        return await answer(call, body.stream)
+
+    return app

@@ -1,0 +1,84 @@
+"""What one choice has produced so far, fed piece by piece, and the request's ``usage`` over all choices.
+
+``usage`` carries OpenAI's three counts and, as our extension, the speculation totals over every choice:
+``draft_tokens``, ``accepted_tokens``, ``acceptance_rate`` (accepted / drafted), ``verify_rounds``,
+``mean_accepted_length`` (tokens per round) and ``mean_num_draft_tokens`` (the k planned per round).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trispec_client.results import SpeculationStats
+
+from trispec_openai.tokens import ServedTokenizer
+from trispec_openai.triton import Piece
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one piece adds to a choice: its text and, when log-probs were asked for, its tokens."""
+
+    text: str
+    tokens: tuple[str, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    offsets: tuple[int, ...] = ()  # each token's character offset in the choice's text
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt_index: int
+    text: str = ""
+    tokens: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    token_count: int = 0
+    finish_reason: str | None = None
+    stats: SpeculationStats | None = None
+    prompt_tokens: int | None = None
+
+    def add(self, piece: Piece, tokenizer: ServedTokenizer) -> Delta:
+        tokens = tokenizer.split(piece.text, len(piece.logprobs))
+        offsets, position = [], len(self.text)
+        for token in tokens:
+            offsets.append(position)
+            position += len(token)
+        self.text += piece.text
+        self.tokens += tokens
+        self.logprobs += piece.logprobs
+        self.offsets += offsets
+        self.token_count = piece.token_count
+        # kept from whichever response carried them (the final one, unless it came empty)
+        self.finish_reason = piece.finish_reason or self.finish_reason
+        self.stats = piece.stats or self.stats
+        self.prompt_tokens = piece.prompt_tokens if piece.prompt_tokens is not None else self.prompt_tokens
+        return Delta(piece.text, tuple(tokens), piece.logprobs, tuple(offsets))
+
+
+def usage(choices: list[Choice], prompts: list[str], tokenizer: ServedTokenizer) -> dict[str, Any]:
+    """Prompt tokens count each prompt once (however many choices it has), as OpenAI does; the model's
+    own count is used where it sent one, else the same tokenizer counts here."""
+    prompt_tokens = 0
+    for prompt_index, prompt in enumerate(prompts):
+        counted = [c.prompt_tokens for c in choices if c.prompt_index == prompt_index and c.prompt_tokens]
+        prompt_tokens += counted[0] if counted else tokenizer.count(prompt)
+    completion_tokens = sum(c.token_count for c in choices)
+    stats = [c.stats for c in choices if c.stats is not None]
+    draft = sum(s.draft_tokens for s in stats)
+    accepted = sum(s.accepted_tokens for s in stats)
+    rounds = sum(s.verify_rounds for s in stats)
+    planned = sum(s.mean_num_draft_tokens * s.verify_rounds for s in stats)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "draft_tokens": draft,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / draft if draft else 0.0,
+        "verify_rounds": rounds,
+        # as the model defines it: one token per round plus the accepted drafts
+        "mean_accepted_length": 1.0 + accepted / rounds if rounds else 0.0,
+        "mean_num_draft_tokens": planned / rounds if rounds else 0.0,
+    }

@@ -1,0 +1,62 @@
+"""``specdec-openai``: the OpenAI-compatible HTTP endpoint, in front of a running Triton over gRPC.
+
+It holds no model: it renders chat templates, counts and splits tokens with the served model's
+tokenizer (read from the same ``--config`` the server runs), and forwards generation to Triton, so any
+number of them can run beside one or more Triton servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+from trispec.errors import ConfigError
+
+from trispec_openai.app import create_app
+from trispec_openai.tokens import ServedTokenizer
+from trispec_openai.triton import TritonGenerator
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="specdec-openai", description=__doc__.splitlines()[0])
+    parser.add_argument("--triton-url", default="localhost:8001", help="Triton's gRPC address")
+    parser.add_argument("--model", default="specdec", help="the Triton model to call")
+    parser.add_argument(
+        "--served-model-name", default=None, help="the name clients send as 'model' (default: --model)"
+    )
+    parser.add_argument(
+        "--config", default=None, help="the YAML the server runs, for its tokenizer (default: built-in)"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds a generation may take (gRPC deadline)"
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        tokenizer = ServedTokenizer.from_config(args.config)
+    except ConfigError as exc:
+        print(f"specdec-openai: {exc}", file=sys.stderr)
+        return 2
+    generator = TritonGenerator(args.triton_url, args.model, args.request_timeout)
+    served = args.served_model_name or args.model
+    app = create_app(generator, tokenizer, served)
+    print(
+        f"specdec-openai: serving {served} on http://{args.host}:{args.port}/v1 "
+        f"(Triton gRPC {args.triton_url}, model {args.model})",
+        flush=True,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

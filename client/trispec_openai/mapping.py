@@ -1,0 +1,57 @@
+"""An OpenAI request → the Triton requests behind its choices.
+
+Choice ``index`` runs prompt ``index // n`` (one prompt for chat); ``n`` choices of one prompt are ``n``
+requests sent together, seeded ``seed + i`` when a seed is given so that seeded choices differ but repeat.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+
+from trispec_client.errors import InvalidRequestError
+from trispec_client.request import GenerationRequest
+
+from trispec_openai.errors import invalid, param_of
+from trispec_openai.schemas import ChatCompletionRequest, CompletionRequest
+
+
+@dataclass(frozen=True)
+class Job:
+    index: int  # the choice's index
+    prompt_index: int
+    request: GenerationRequest
+
+
+def stop_word(stop: str) -> str:
+    """One stop string as the model's stop_words reads it: each entry is parsed as a CSV row
+    (``"a,b"`` is two words, as the BLS preprocessing does), so quote it to keep it one word."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="", quoting=csv.QUOTE_ALL).writerow([stop])
+    return buffer.getvalue()
+
+
+def jobs(body: CompletionRequest | ChatCompletionRequest, prompts: list[str]) -> list[Job]:
+    """The Triton requests for ``prompts`` (the rendered chat, or the completion prompts)."""
+    max_tokens = body.token_limit if isinstance(body, ChatCompletionRequest) else body.max_tokens
+    stops = tuple(stop_word(s) for s in body.stop_list if s)
+    result = []
+    for prompt_index, prompt in enumerate(prompts):
+        for i in range(body.n):
+            try:
+                request = GenerationRequest(
+                    prompt=prompt,
+                    max_tokens=max_tokens,
+                    num_draft_tokens=body.num_draft_tokens,
+                    temperature=body.temperature,
+                    top_k=body.top_k,
+                    top_p=body.top_p,
+                    seed=None if body.seed is None else body.seed + i,
+                    stop_words=stops,
+                    stream=True,
+                )
+            except InvalidRequestError as exc:  # a value the tensors cannot carry (an int over INT32)
+                raise invalid(exc.message, param_of(exc.message)) from None
+            result.append(Job(prompt_index * body.n + i, prompt_index, request))
+    return result

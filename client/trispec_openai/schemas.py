@@ -1,0 +1,161 @@
+"""OpenAI request bodies, validated: a bad field fails here with its name (400), before Triton sees it.
+
+Fields that would change the answer in a way we cannot honour (``echo``, ``suffix``, penalties,
+``logit_bias``, tools, top-k alternatives of log-probs) are refused with the reason rather than ignored;
+``user``, ``metadata`` and ``store`` change nothing and are accepted. Unknown keys are refused, so that a
+misspelled field is not silently ignored. Our extensions: ``num_draft_tokens`` and ``top_k``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trispec_openai.errors import unsupported
+
+# how many choices (n x prompts) one request may fan out into at Triton
+MAX_CHOICES = 16
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    """What completions and chat share."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    # Triton's seed is UINT64; choice i of n is seeded with seed + i
+    seed: int | None = Field(None, ge=0, le=2**64 - 1 - MAX_CHOICES)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # extensions: draft tokens per round (0 = plain decoding; default: the server's), top-k sampling
+    num_draft_tokens: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> _Sampling:
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise unsupported(name, "penalties are not applied by this server; send 0 or leave it out")
+        if self.logit_bias:
+            raise unsupported("logit_bias", "is not applied by this server; leave it out")
+        if self.stream_options is not None and not self.stream:
+            raise unsupported("stream_options", "only goes with stream: true")
+        return self
+
+    @property
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_Sampling):
+    # list[Any]: token-id prompts reach our check, which says why they are refused
+    prompt: str | list[Any]
+    # 0: the log-prob of each generated token; alternatives (k > 0) are not produced by the model
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> CompletionRequest:
+        prompts = self.prompts
+        if not prompts or any(not isinstance(p, str) or not p for p in prompts):
+            raise unsupported(
+                "prompt", "must be a non-empty string or a list of them (token ids are not taken)"
+            )
+        if len(prompts) * self.n > MAX_CHOICES:
+            raise unsupported("n", f"prompts x n is {len(prompts) * self.n}, over {MAX_CHOICES}")
+        if self.logprobs:
+            raise unsupported(
+                "logprobs",
+                "only 0 is supported: the server returns the log-prob of each generated token, "
+                "not the most likely alternatives",
+            )
+        if self.echo:
+            raise unsupported("echo", "the prompt is not echoed (no prompt log-probs); leave it out")
+        if self.suffix:
+            raise unsupported("suffix", "insertion is not supported; leave it out")
+        if self.best_of is not None and self.best_of != self.n:
+            raise unsupported("best_of", "only best_of equal to n is supported (no ranking of candidates)")
+        return self
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    # extra keys (name, tool_call_id, ...) pass through to the chat template as Hugging Face does
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(min_length=1)
+    content: str | list[TextPart] | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as a template reads it: content a plain string (text parts joined)."""
+        data = self.model_dump(exclude_none=True)
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        data["content"] = content or ""
+        return data
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionRequest:
+        if self.top_logprobs:
+            raise unsupported(
+                "top_logprobs",
+                "only 0 is supported: the server returns the log-prob of each generated token, "
+                "not the most likely alternatives",
+            )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise unsupported("top_logprobs", "needs logprobs: true")
+        if self.tools or self.tool_choice not in (None, "none"):
+            raise unsupported("tools", "tool calling is not supported; leave tools and tool_choice out")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise unsupported("response_format", "only {'type': 'text'} is supported (no JSON mode)")
+        return self
+
+    @property
+    def token_limit(self) -> int | None:
+        # max_tokens is deprecated for chat in favour of max_completion_tokens; either is honoured
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
