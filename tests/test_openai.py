@@ -30,6 +30,8 @@ from trispec_openai.triton import Piece
 
 MODEL = "specdec"
 PROMPT = "The capital of France is"
+# greedy SmolLM2 keeps counting for hundreds of tokens: a generation that is still running when cut
+LONG_PROMPT = "Count from 1 to 1000: 1, 2, 3, 4, 5,"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -216,6 +218,13 @@ def test_completion_is_tritons_text_streamed_or_not(server: Server, client: open
 
 
 @pytest.mark.server
+def test_stop_strings_end_the_text(client: openai.OpenAI) -> None:
+    # "\n" and a comma inside a stop string survive the model's CSV reading of stop_words
+    result = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, stop=["\n", "a,b"])
+    assert result.choices[0].text == " Paris." and result.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.server
 def test_chat_uses_the_models_template(
     server: Server,  # noqa: F811
     client: openai.OpenAI,
@@ -333,11 +342,20 @@ def test_malformed_bodies_are_400_in_openai_shape(frontend: str) -> None:
 
 
 @pytest.mark.server
-def test_client_going_away_cancels_the_triton_request(server: Server, client: openai.OpenAI) -> None:  # noqa: F811
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_going_away_cancels_the_triton_request(
+    server: Server,  # noqa: F811
+    client: openai.OpenAI,
+    stream: bool,
+) -> None:
     before = server.metric_or_zero("specdec_requests_total", finish_reason="cancelled")
-    stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=400, stream=True)
-    next(iter(stream))
-    stream.close()
+    if stream:
+        chunks = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=1000, stream=True)
+        next(iter(chunks))
+        chunks.close()
+    else:  # a client-side timeout closes the connection while the whole answer is being generated
+        with pytest.raises(openai.APITimeoutError):
+            client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=1000, timeout=1.0)
     deadline = time.monotonic() + 30
     while server.metric_or_zero("specdec_requests_total", finish_reason="cancelled") <= before:
         assert time.monotonic() < deadline, "the request was not cancelled in the model"

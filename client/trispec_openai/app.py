@@ -113,8 +113,8 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
         ready = await generator.ready()
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
-    async def answer(call: Call, stream: bool) -> Response:
-        return await (call.streamed() if stream else call.whole())
+    async def answer(call: Call, stream: bool, request: Request) -> Response:
+        return await (call.streamed() if stream else call.whole(request.is_disconnected))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -132,7 +132,7 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
             logprobs=logprobs,
             include_usage=body.include_usage,
         )
-        return await answer(call, body.stream)
+        return await answer(call, body.stream, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -149,6 +149,6 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
             logprobs=body.logprobs,
             include_usage=body.include_usage,
         )
-        return await answer(call, body.stream)
+        return await answer(call, body.stream, request)
 
     return app

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -60,6 +60,11 @@ async def merge(streams: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int,
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _until(is_disconnected: Callable[[], Awaitable[bool]], every_s: float = 0.5) -> None:
+    while not await is_disconnected():
+        await asyncio.sleep(every_s)
+
+
 def sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -103,7 +108,23 @@ class Call:
     def _usage(self) -> dict[str, Any]:
         return usage(self.choices, self.prompts, self.tokenizer)
 
-    async def whole(self) -> Response:
+    async def whole(self, is_disconnected: Callable[[], Awaitable[bool]]) -> Response:
+        """The whole answer; if the client goes away first (a client-side timeout), the Triton
+        requests are cancelled instead of generating for no one."""
+        collecting = asyncio.create_task(self._collect())
+        watching = asyncio.create_task(_until(is_disconnected))
+        try:
+            await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (collecting, watching):
+                task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(collecting, watching, return_exceptions=True)
+        if not collecting.cancelled():
+            return collecting.result()
+        return Response(status_code=499)  # nobody reads it: the client has gone
+
+    async def _collect(self) -> Response:
         async for index, piece in self._merged:
             self.choices[index].add(piece, self.tokenizer)
         return JSONResponse(self.fmt.response(self.choices, self._usage()))
