@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from tiny import TINY_VOCAB, ascii_tokenizer, byte_tokenizer, reference_greedy, tiny_args, tokens_of
 from trispec.config import load_config
 from trispec.engine.weights import random_state_dict
-from trispec.errors import ConfigError
+from trispec.errors import ConfigError, InvalidInputError
 from trispec.request import GenerationRequest
 from trispec.runners.kv_budget import split_kv_budget
 from trispec.runners.trtllm_engines import check_pair, max_context, read_engine, spec_mode_name
@@ -507,3 +507,16 @@ def test_speculative_llm_over_trtllm_engines_equals_the_torch_engine(
     want = via_torch.generate([via_torch.request(p, max_tokens=16, num_draft_tokens=0) for p in prompts])
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     assert all(r.stats.draft_tokens > 0 for r in got)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("return_log_probs", True), ("repetition_penalty", 1.2), ("bad_words", ["ab"]), ("min_tokens", 3)],
+)
+def test_logits_rules_are_refused_not_ignored(
+    tmp_path: Path, trtllm_bindings, field: str, value: object
+) -> None:  # type: ignore[no-untyped-def]
+    llm = engine_over(stand_in_runner(tmp_path, ngram=True))
+    with pytest.raises(InvalidInputError) as info:
+        llm.add_request(GenerationRequest(prompt="abc", max_tokens=4, **{field: value}))  # type: ignore[arg-type]
+    assert info.value.field == field and "trtllm" in info.value.message

@@ -72,6 +72,7 @@ class SpeculativeLLM:
             runner,
             config.scheduler,
             encode=tokenizer.encode,
+            encode_words=lambda text: tokenizer.encode(text, add_bos=False),
             make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
             eos_ids=tokenizer.eos_ids,
         )

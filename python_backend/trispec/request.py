@@ -25,13 +25,31 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: Sequence[str] = field(default_factory=tuple)
-    # override the tokenizer's end-of-sequence ids with this one id
+    # override the tokenizer's end-of-sequence ids with this one id; -1: no end id at all (only
+    # max_tokens and stop strings end the request), as TensorRT-LLM's end_id -1
     end_id: int | None = None
+    # words never emitted: each is tokenised as given and its token sequence is never produced
+    bad_words: Sequence[str] = field(default_factory=tuple)
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # end ids are not emitted before this many tokens
+    min_tokens: int = 0
+    return_log_probs: bool = False
 
     @property
     def sampling(self) -> SamplingParams:
+        """The request's own sampling settings (the scheduler adds what depends on the tokenizer)."""
         return SamplingParams(
-            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            return_log_probs=self.return_log_probs,
+            min_tokens=self.min_tokens,
         )
 
 
@@ -80,7 +98,11 @@ def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limi
     if isinstance(request.stop, str) or any(not isinstance(s, str) or s == "" for s in request.stop):
         raise InvalidInputError("stop", "must be a list of non-empty strings")
     if request.end_id is not None and (
-        not _is_int(request.end_id) or not 0 <= request.end_id < limits.vocab_size
+        not _is_int(request.end_id) or not -1 <= request.end_id < limits.vocab_size
     ):
-        raise InvalidInputError("end_id", f"must be a token id in [0, {limits.vocab_size})")
+        raise InvalidInputError("end_id", f"must be a token id in [0, {limits.vocab_size}), or -1 for none")
+    if isinstance(request.bad_words, str) or any(
+        not isinstance(w, str) or w == "" for w in request.bad_words
+    ):
+        raise InvalidInputError("bad_words", "must be a list of non-empty strings")
     return k if k is not None else min(limits.default_num_draft_tokens, limits.max_num_draft_tokens)

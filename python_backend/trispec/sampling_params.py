@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trispec.errors import InvalidInputError
 
@@ -32,6 +32,21 @@ class SamplingParams:
     top_k: int = 0  # 0 => off
     top_p: float = 1.0  # 1.0 => off
     seed: int | None = None
+    # penalties over the whole sequence so far (prompt + output), as TensorRT-LLM applies them:
+    # repetition divides a seen token's positive logit (multiplies a negative one); presence
+    # subtracts once per seen token, frequency once per occurrence
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # report the log-probability of each emitted token
+    return_log_probs: bool = False
+    # resolved by the scheduler from the request: token sequences never emitted (the last token is
+    # masked where the sequence so far ends with the others), end ids masked until ``min_tokens``
+    # tokens were generated, and the prompt length (where generated tokens start)
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    min_tokens: int = 0
+    end_ids: frozenset[int] = field(default_factory=frozenset)
+    prompt_len: int = 0
 
     def __post_init__(self) -> None:
         # Values often arrive as numpy scalars (Triton request tensors): accept any real / integral
@@ -50,6 +65,19 @@ class SamplingParams:
         seed = None if self.seed is None else _integral("seed", self.seed)
         if seed is not None and not 0 <= seed <= _MAX_SEED:
             raise InvalidInputError("seed", f"must be in [0, 2**64), got {self.seed!r}")
+        repetition = _real("repetition_penalty", self.repetition_penalty)
+        if not math.isfinite(repetition) or repetition <= 0:
+            raise InvalidInputError("repetition_penalty", f"must be > 0 (1 = off), got {repetition!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(_real(name, getattr(self, name))):
+                raise InvalidInputError(name, f"must be finite (0 = off), got {getattr(self, name)!r}")
+            object.__setattr__(self, name, float(getattr(self, name)))
+        min_tokens = _integral("min_tokens", self.min_tokens)
+        if min_tokens < 0:
+            raise InvalidInputError("min_tokens", f"must be >= 0, got {self.min_tokens!r}")
+        object.__setattr__(self, "repetition_penalty", repetition)
+        object.__setattr__(self, "min_tokens", min_tokens)
+        object.__setattr__(self, "return_log_probs", bool(self.return_log_probs))
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_k", top_k)
         object.__setattr__(self, "top_p", top_p)
@@ -58,6 +86,18 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether logits go through ``logits_rules.apply_rules`` before sampling (penalties, bad
+        words, min_tokens); off by default, then nothing is spent on it."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or bool(self.bad_words_ids)
+            or self.min_tokens > 0
+        )
 
     @property
     def seeded(self) -> bool:

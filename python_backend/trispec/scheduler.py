@@ -47,6 +47,11 @@ class RequestOutput:
     error: str | None = None
     # a request queued with ``tokenize_later`` that turned out invalid once tokenised (too long, ...)
     invalid: InvalidInputError | None = None
+    # log-probability of each of ``new_token_ids`` when the request asked for them
+    new_log_probs: list[float] | None = None
+    num_prompt_tokens: int = 0
+    # wall clock (time.time_ns) when the request was first admitted into the batch
+    first_scheduled_ns: int | None = None
 
 
 class Scheduler:
@@ -59,11 +64,14 @@ class Scheduler:
         make_text_tracker: Callable[[list[str]], StopTextTracker],
         eos_ids: frozenset[int],
         clock: Callable[[], float] = time.monotonic,
+        encode_words: Callable[[str], list[int]] | None = None,
     ) -> None:
         # the runner's admission bookkeeping (can_admit / add / free); the step itself is LLMEngine's
         self.runner = runner
         self.config = config
         self.encode = encode
+        # a piece of text inside a sequence (bad words): no BOS
+        self.encode_words = encode_words or encode
         self.make_text_tracker = make_text_tracker
         self.eos_ids = eos_ids
         self.clock = clock
@@ -120,17 +128,44 @@ class Scheduler:
         else:
             prompt_ids = self.encode(request.prompt)  # type: ignore[arg-type]
         num_draft_tokens = validate_request(request, prompt_ids, self.limits)
+        if not self.runner.shapes_logits:
+            self._refuse_logits_rules(request)
+        if request.end_id is None:
+            end_ids = self.eos_ids
+        else:
+            end_ids = frozenset() if request.end_id == -1 else frozenset([request.end_id])
+        # what shapes the distribution and depends on the tokenizer or the prompt (logits_rules.py)
+        sampling = replace(
+            request.sampling,
+            bad_words_ids=tuple(tuple(ids) for ids in map(self.encode_words, request.bad_words) if ids),
+            end_ids=end_ids,
+            prompt_len=len(prompt_ids),
+        )
         return Sequence(
             seq_id=seq_id,
             prompt_ids=prompt_ids,
             max_tokens=request.max_tokens,
             num_draft_tokens=num_draft_tokens,
-            sampling=request.sampling,
-            end_ids=frozenset([request.end_id]) if request.end_id is not None else self.eos_ids,
+            sampling=sampling,
+            end_ids=end_ids,
             text=self.make_text_tracker(list(request.stop)),
             drafts=num_draft_tokens > 0,
             arrived_at=arrived_at,
         )
+
+    @staticmethod
+    def _refuse_logits_rules(request: GenerationRequest) -> None:
+        defaults = GenerationRequest()
+        for name in (
+            "bad_words",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "min_tokens",
+            "return_log_probs",
+        ):
+            if getattr(request, name) != getattr(defaults, name) and getattr(request, name):
+                raise InvalidInputError(name, "is not supported by this engine (engine.kind trtllm) yet")
 
     def cancel(self, request_id: int) -> None:
         """Stop a request at the next step; its KV blocks return to the pool."""
@@ -281,6 +316,8 @@ class Scheduler:
     def _start(self, seq: Sequence) -> None:
         self.runner.add(seq.seq_id, seq.max_length, seq.sampling, seq.drafts)
         seq.admitted_at = self.clock()
+        if seq.first_scheduled_ns is None:
+            seq.first_scheduled_ns = time.time_ns()
         self.running.append(seq)
 
     def _admit_urgent(self, after_s: float) -> None:
@@ -381,10 +418,26 @@ class Scheduler:
         self.stats.generated_tokens += len(new_ids)
         if seq.finished:
             text += seq.text.finish()
-        return self._output(seq, new_ids, text)
+        log_probs = None if result.log_probs is None else result.log_probs[: len(new_ids)]
+        return self._output(seq, new_ids, text, log_probs)
 
-    def _output(self, seq: Sequence, new_ids: list[int], text: str) -> RequestOutput:
-        return RequestOutput(seq.seq_id, new_ids, text, seq.finished, seq.finish_reason, seq.stats, seq.error)
+    def _output(
+        self, seq: Sequence, new_ids: list[int], text: str, log_probs: list[float] | None = None
+    ) -> RequestOutput:
+        if log_probs is None and seq.sampling.return_log_probs:
+            log_probs = []
+        return RequestOutput(
+            seq.seq_id,
+            new_ids,
+            text,
+            seq.finished,
+            seq.finish_reason,
+            seq.stats,
+            seq.error,
+            new_log_probs=log_probs,
+            num_prompt_tokens=len(seq.prompt_ids),
+            first_scheduled_ns=seq.first_scheduled_ns,
+        )
 
     def _retire(self) -> None:
         for seq in self.running:

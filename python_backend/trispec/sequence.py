@@ -40,6 +40,8 @@ class Sequence:
     # the scheduler's clock when the request arrived and when it was last admitted
     arrived_at: float = 0.0
     admitted_at: float = 0.0
+    # wall clock (time.time_ns) of the first admission, for clients' perf metrics
+    first_scheduled_ns: int | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)

@@ -63,6 +63,8 @@ class SeqResult:
     num_computed: int = 0
     # set when this sequence failed on its own (alone, after its batch failed): it ends with it
     error: str | None = None
+    # log-probability of each of ``new_token_ids`` (when the request asked for them)
+    log_probs: list[float] | None = None
 
 
 @dataclass(frozen=True)

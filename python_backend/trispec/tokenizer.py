@@ -107,10 +107,12 @@ class Tokenizer:
     def bos_id(self) -> int | None:
         return self.info.bos_id
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        """Token ids of a prompt (with BOS when the model wants one); ``add_bos=False`` for a piece
+        of text inside a sequence (a bad word)."""
         # BOS is added here, not by a post-processor in tokenizer.json, so there is one source of truth
         ids = self.backend.encode(text, add_special_tokens=False).ids
-        if self.info.add_bos and self.info.bos_id is not None:
+        if add_bos and self.info.add_bos and self.info.bos_id is not None:
             ids.insert(0, self.info.bos_id)
         return ids
 

@@ -9,6 +9,7 @@ import torch
 
 from trispec.drafters.base import DraftProposal, DraftRequest
 from trispec.engine.base import Engine, ForwardInput, KVUsage
+from trispec.logits_rules import apply_rules
 from trispec.sampling import logits_to_probs, sample
 
 
@@ -39,6 +40,8 @@ class ModelDrafter:
             logits = self.engine.forward([ForwardInput(requests[i].seq_id, feeds[i], 1) for i in active])
             for i, row in zip(active, logits):
                 request = requests[i]
+                if request.sampling.shapes_logits:  # as the verifier will shape p (logits_rules.py)
+                    row = apply_rules(row, request.sampling, [*request.token_ids, *tokens[i]])
                 if request.sampling.greedy:
                     token = int(torch.argmax(row[0]))
                 else:

@@ -28,6 +28,12 @@ class SpecRunner(Protocol):
         ...
 
     @property
+    def shapes_logits(self) -> bool:
+        """Whether it applies penalties, bad words and min_tokens and reports log-probabilities
+        (``logits_rules.py``); requests asking for them are refused otherwise."""
+        ...
+
+    @property
     def can_draft(self) -> bool:
         """False when there is no drafter (then every step is plain decoding)."""
         ...

@@ -59,6 +59,10 @@ class TorchSpecRunner:
         return self.target.max_context
 
     @property
+    def shapes_logits(self) -> bool:
+        return True
+
+    @property
     def can_draft(self) -> bool:
         return not isinstance(self.drafter, NoDrafter)
 
@@ -154,14 +158,19 @@ class TorchSpecRunner:
         logits = self.target.forward(inputs)
         results = {}
         for s, draft, rows in zip(decodes, drafts, logits):
-            accepted = verify(draft, rows, s.sampling, self._generators[s.seq_id])
+            accepted, log_probs = verify(draft, rows, s.sampling, self._generators[s.seq_id], s.token_ids)
             # the caches keep the fed tokens and the accepted drafts; the target's own token is
             # fed in the next step
             computed = s.feed_to + accepted.num_accepted
             self.target.truncate(s.seq_id, computed)
             self._rollback_draft(s.seq_id, computed)
             results[s.seq_id] = SeqResult(
-                s.seq_id, accepted.tokens, len(draft.tokens), accepted.num_accepted, computed
+                s.seq_id,
+                accepted.tokens,
+                len(draft.tokens),
+                accepted.num_accepted,
+                computed,
+                log_probs=log_probs,
             )
         for s in chunks:
             results[s.seq_id] = SeqResult(s.seq_id, num_computed=s.feed_to)

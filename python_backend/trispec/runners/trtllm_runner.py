@@ -127,6 +127,12 @@ class TrtllmSpecRunner:
         return self._max_context
 
     @property
+    def shapes_logits(self) -> bool:
+        # not passed to the executors yet (SamplingConfig penalties, Request.bad_words, min_tokens
+        # per round, OutputConfig.return_log_probs): refused rather than ignored
+        return False
+
+    @property
     def can_draft(self) -> bool:
         return self.draft is not None or self.drafter is not None
 

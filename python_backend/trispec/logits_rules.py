@@ -1,0 +1,74 @@
+"""Request rules that reshape a distribution before sampling: penalties, bad words, min_tokens.
+
+Speculative sampling stays lossless only if the draft's ``q`` and the target's ``p`` are the
+distributions tokens are really drawn from, so the drafter and the verifier both call
+:func:`apply_rules` on their logits for the same positions, with the same context: row ``i`` of a
+verify pass sees the verified tokens plus the first ``i`` drafts, exactly what the drafter saw when
+it proposed draft ``i``. Then temperature / top-k / top-p follow (``sampling.logits_to_probs``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from trispec.sampling_params import SamplingParams
+
+
+def apply_rules(
+    logits: torch.Tensor, params: SamplingParams, context: Sequence[int], drafts: Sequence[int] = ()
+) -> torch.Tensor:
+    """``logits`` ``[n, V]`` for the positions after ``context``, ``context + drafts[:1]``, ... ->
+    new float32 logits with the request's rules applied (the input is not modified)."""
+    out = logits.float().clone()
+    vocab_size = out.shape[-1]
+    rows = out.shape[0]
+    tokens = [*context, *drafts[: max(rows - 1, 0)]]
+    penalties = (
+        params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+    )
+    if penalties:
+        counts = _counts_per_row(tokens, len(context), rows, vocab_size)
+        seen = counts > 0
+        if params.repetition_penalty != 1.0:
+            rp = params.repetition_penalty
+            out = torch.where(seen, torch.where(out > 0, out / rp, out * rp), out)
+        if params.presence_penalty != 0.0:
+            out -= params.presence_penalty * seen.float()
+        if params.frequency_penalty != 0.0:
+            out -= params.frequency_penalty * counts
+    for row in range(rows):
+        row_context = tokens[: len(context) + row]
+        if params.min_tokens and len(row_context) - params.prompt_len < params.min_tokens:
+            for end_id in params.end_ids:
+                out[row, end_id] = -math.inf
+        for word in params.bad_words_ids:
+            head = list(word[:-1])
+            if not head or row_context[len(row_context) - len(head) :] == head:
+                out[row, word[-1]] = -math.inf
+    return out
+
+
+def _counts_per_row(tokens: list[int], context_len: int, rows: int, vocab_size: int) -> torch.Tensor:
+    """``[rows, V]`` occurrences of each token in row i's context (``tokens[: context_len + i]``)."""
+    ids = torch.as_tensor(tokens, dtype=torch.long)
+    base = torch.bincount(ids[:context_len], minlength=vocab_size).float()
+    counts = base.expand(rows, vocab_size).clone()
+    for row in range(1, rows):  # each later row has seen one more draft
+        counts[row:, tokens[context_len + row - 1]] += 1
+    return counts
+
+
+def log_probs_of(
+    logits: torch.Tensor, params: SamplingParams, tokens: Sequence[int], probs: torch.Tensor | None = None
+) -> list[float]:
+    """Log-probability of ``tokens[i]`` under row i's distribution: after temperature / top-k /
+    top-p when sampling (``probs``, from ``logits_to_probs``), the plain softmax of the (rule-shaped)
+    logits when greedy, as TensorRT-LLM reports them."""
+    ids = torch.as_tensor(list(tokens), dtype=torch.long).view(-1, 1)
+    n = len(tokens)
+    if params.greedy or probs is None:
+        return torch.log_softmax(logits[:n].float(), dim=-1).gather(1, ids).view(n).tolist()
+    return torch.log(probs[:n].gather(1, ids).view(n)).tolist()

@@ -1,0 +1,146 @@
+"""Request rules that reshape the distribution (penalties, bad words, min_tokens), end_id -1 and
+log-probabilities: the pure function with hand-made logits, then through the whole loop.
+
+The chi-square test that penalties keep speculative sampling lossless is in
+test_speculative_sampling.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from tiny import ascii_tokenizer, model_drafter, run_to_completion, spec_engine, tiny_engine, tokens_of
+from trispec.engine.base import ForwardInput
+from trispec.errors import InvalidInputError
+from trispec.logits_rules import apply_rules
+from trispec.request import GenerationRequest
+from trispec.sampling import logits_to_probs
+from trispec.sampling_params import SamplingParams
+
+PROMPT = [11, 40, 7, 93, 12, 40]
+
+
+def test_penalties_follow_the_tokens_seen_row_by_row() -> None:
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]] * 3)
+    params = SamplingParams(repetition_penalty=2.0, presence_penalty=0.25, frequency_penalty=0.5)
+    # context [0, 1, 0]; row 1 has also seen draft 2, row 2 drafts 2 and 3
+    out = apply_rules(logits, params, [0, 1, 0], drafts=[2, 3])
+    # token 0 seen twice: 2/2 - 0.25 - 2*0.5; token 1 once: -2*2 - 0.25 - 0.5
+    assert out[0].tolist() == pytest.approx([-0.25, -4.75, 1.0, 0.5])
+    assert out[1].tolist() == pytest.approx([-0.25, -4.75, 0.5 - 0.75, 0.5])
+    assert out[2].tolist() == pytest.approx([-0.25, -4.75, -0.25, 0.25 - 0.75])
+    assert torch.equal(logits, torch.tensor([[2.0, -2.0, 1.0, 0.5]] * 3))  # input untouched
+
+
+def test_bad_words_and_min_tokens_mask_where_they_apply() -> None:
+    logits = torch.zeros(3, 6)
+    params = SamplingParams(
+        bad_words_ids=((5,), (1, 2), (3, 4, 0)), min_tokens=3, end_ids=frozenset({1}), prompt_len=2
+    )
+    out = apply_rules(logits, params, [9 % 6, 1], drafts=[3, 4])
+    masked = [[i for i, v in enumerate(row) if v == -math.inf] for row in out.tolist()]
+    # row 0: after [.., 1] -> 2 banned; 0 generated < 3 -> end id 1 banned; 5 always
+    # row 1: after [.., 1, 3] -> only 5 and the end id; row 2: after [.., 3, 4] -> 0 banned too
+    assert masked == [[1, 2, 5], [1, 5], [0, 1, 5]]
+    # generated count reaches min_tokens: the end id is allowed again
+    later = apply_rules(logits, params, [0, 1, 7, 7, 7], drafts=[])
+    assert later[0, 1] == 0.0
+
+
+def test_rules_are_off_by_default() -> None:
+    assert not SamplingParams(temperature=0.7, top_k=5).shapes_logits
+    assert SamplingParams(min_tokens=1).shapes_logits and SamplingParams(presence_penalty=0.1).shapes_logits
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("repetition_penalty", 0.0),
+        ("presence_penalty", float("nan")),
+        ("min_tokens", -1),
+        ("bad_words", [""]),
+    ],
+)
+def test_bad_values_name_the_field(field: str, value: object) -> None:
+    llm = spec_engine(tiny_engine(0), None)
+    with pytest.raises(InvalidInputError) as info:
+        llm.add_request(GenerationRequest(prompt_token_ids=PROMPT, **{field: value}))  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+TOKENIZER = ascii_tokenizer()
+
+
+def generate(k: int, **fields: object) -> list[int]:
+    llm = spec_engine(tiny_engine(0), model_drafter(5), TOKENIZER, max_context=256)
+    rid = llm.add_request(
+        GenerationRequest(prompt_token_ids=PROMPT, max_tokens=40, num_draft_tokens=k, **fields)
+    )  # type: ignore[arg-type]
+    return tokens_of(run_to_completion(llm)[rid])
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_bad_words_never_appear(sampled: bool) -> None:
+    sampling: dict[str, object] = {"temperature": 0.9, "seed": 3} if sampled else {}
+    free = generate(4, **sampling)
+    single = max(set(free), key=free.count)  # the token it emits most
+    pair = next((a, b) for a, b in itertools.pairwise(free) if single not in (a, b))
+    words = [TOKENIZER.decode([single]), TOKENIZER.decode(list(pair))]
+    assert [TOKENIZER.encode(w) for w in words] == [[single], list(pair)]  # the words are these tokens
+    banned = generate(4, bad_words=words, **sampling)
+    assert single not in banned
+    assert all((a, b) != pair for a, b in itertools.pairwise(banned))
+    assert banned != free and len(banned) == 40
+
+
+def test_min_tokens_holds_the_end_id_back_and_end_id_minus_one_means_none() -> None:
+    free = generate(4)
+    end = free[2]  # an end id the request would emit as its third token
+    assert len(generate(4, end_id=end)) == 3
+    held = generate(4, end_id=end, min_tokens=10)
+    assert end not in held[:10] and len(held) >= 11
+    assert generate(4, end_id=-1) == free  # no end id at all: only max_tokens ends it
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_log_probs_equal_the_target_only_run(k: int) -> None:
+    llm = spec_engine(tiny_engine(0), model_drafter(5), max_context=256)
+    rid = llm.add_request(
+        GenerationRequest(prompt_token_ids=PROMPT, max_tokens=24, num_draft_tokens=k, return_log_probs=True)
+    )
+    outputs = run_to_completion(llm)[rid]
+    tokens = tokens_of(outputs)
+    log_probs = [lp for out in outputs for lp in (out.new_log_probs or [])]
+    assert len(log_probs) == len(tokens) == 24
+    # target alone, one token per forward: log-softmax of its logits at each emitted token
+    target = tiny_engine(0)
+    target.add_sequence(0, len(PROMPT) + 24)
+    logits = target.forward([ForwardInput(0, PROMPT, 1)])[0]
+    expected = []
+    for token in tokens:
+        expected.append(float(torch.log_softmax(logits[-1], -1)[token]))
+        logits = target.forward([ForwardInput(0, [token], 1)])[0]
+    assert log_probs == pytest.approx(expected, abs=1e-4)
+
+
+def test_sampled_log_probs_are_those_of_the_distribution_sampled_from() -> None:
+    fields = {"temperature": 0.7, "top_k": 5, "seed": 2, "return_log_probs": True}
+    llm = spec_engine(tiny_engine(0), model_drafter(5), max_context=256)
+    rid = llm.add_request(
+        GenerationRequest(prompt_token_ids=PROMPT, max_tokens=12, num_draft_tokens=4, **fields)
+    )  # type: ignore[arg-type]
+    outputs = run_to_completion(llm)[rid]
+    tokens = tokens_of(outputs)
+    log_probs = [lp for out in outputs for lp in (out.new_log_probs or [])]
+    assert len(log_probs) == len(tokens) == 12
+    # each under the target's own distribution after temperature and top-k
+    params = SamplingParams(temperature=0.7, top_k=5)
+    target = tiny_engine(0)
+    target.add_sequence(0, len(PROMPT) + 12)
+    logits = target.forward([ForwardInput(0, PROMPT, 1)])[0]
+    for token, lp in zip(tokens, log_probs):
+        assert lp == pytest.approx(math.log(float(logits_to_probs(logits[-1:], params)[0, token])), abs=1e-4)
+        logits = target.forward([ForwardInput(0, [token], 1)])[0]
