@@ -87,8 +87,12 @@ def test_requests_map_to_triton_inputs() -> None:
     assert request.stream and request.max_tokens == 5 and request.num_draft_tokens == 3
     # the model reads each stop_words entry as a CSV row: every stop string must come back whole
     assert [w for s in request.stop_words for row in csv.reader([s]) for w in row] == ["x,y", "\n"]
-    chat = ChatCompletionRequest(model=MODEL, messages=MESSAGES, max_completion_tokens=9, max_tokens=3)
-    assert jobs(chat, ["p"])[0].request.max_tokens == 9
+    assert mapped[0].penalties == ()
+    chat = ChatCompletionRequest(
+        model=MODEL, messages=MESSAGES, max_completion_tokens=9, max_tokens=3, presence_penalty=0.5
+    )
+    chat_job = jobs(chat, ["p"])[0]
+    assert chat_job.request.max_tokens == 9 and chat_job.penalties == (("presence_penalty", 0.5),)
 
 
 @pytest.mark.parametrize(
@@ -96,7 +100,7 @@ def test_requests_map_to_triton_inputs() -> None:
     [
         ({"prompt": "x", "logprobs": 2}, "logprobs"),
         ({"prompt": "x", "echo": True}, "echo"),
-        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
         ({"prompt": [1, 2]}, "prompt"),
         ({"prompt": ["a", "b"], "n": 9}, "n"),
@@ -116,6 +120,10 @@ def test_model_errors_get_their_status() -> None:
     overloaded = "70 requests are waiting for a slot (scheduler.max_waiting 64); retry later"
     assert from_model_message(overloaded).status == 503
     assert from_model_message("generation failed: boom").status == 500
+    # any input the model declares counts as bad input, under its own name where OpenAI has none
+    refused = from_model_message("min_tokens: must be >= 0", {"text_input", "min_tokens"})
+    assert refused.status == 400 and refused.param == "min_tokens"
+    assert from_model_message("engine: broke", {"text_input"}).status == 500
 
 
 @pytest.mark.real_model
@@ -222,6 +230,17 @@ def test_stop_strings_end_the_text(client: openai.OpenAI) -> None:
     # "\n" and a comma inside a stop string survive the model's CSV reading of stop_words
     result = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, stop=["\n", "a,b"])
     assert result.choices[0].text == " Paris." and result.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.server
+def test_penalties_reach_the_model(client: openai.OpenAI) -> None:
+    # greedy counting repeats ", " and digits: a strong frequency penalty must change the text
+    plain = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=12)
+    penalised = client.completions.create(
+        model=MODEL, prompt=LONG_PROMPT, max_tokens=12, frequency_penalty=2.0
+    )
+    assert plain.choices[0].text.startswith(" 6, 7, 8")
+    assert penalised.choices[0].text != plain.choices[0].text
 
 
 @pytest.mark.server

@@ -54,7 +54,9 @@ async def _parse(request: Request, model: type[Body]) -> Body:
 
 
 def _error_response(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    # overload is retryable: the model refused within its queue delay, so a second later may succeed
+    headers = {"Retry-After": "1"} if error.status in (429, 503) else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_model: str) -> FastAPI:

@@ -8,6 +8,7 @@ overloaded server says "retry later" (or that it is shutting down).
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
 import grpc
@@ -75,15 +76,19 @@ def unsupported(param: str, why: str) -> OpenAIError:
     return OpenAIError(400, f"{param}: {why}", param=param, code="unsupported_value")
 
 
-def param_of(message: str) -> str | None:
-    """The OpenAI field a ``field: ...`` message from the model or trispec_client names, if any."""
+def param_of(message: str, inputs: Collection[str] = _PARAM_OF_TENSOR) -> str | None:
+    """The field a ``field: ...`` message from the model or trispec_client names, if it is one of
+    ``inputs`` (tensor names): the OpenAI name where it has one, else the tensor's."""
     match = _FIELD_PREFIX.match(message)
-    return None if match is None else _PARAM_OF_TENSOR.get(match.group(1))
+    if match is None or match.group(1) not in inputs:
+        return None
+    return _PARAM_OF_TENSOR.get(match.group(1), match.group(1))
 
 
-def from_model_message(message: str) -> OpenAIError:
-    """A model error that arrived on the stream without a status code."""
-    param = param_of(message)
+def from_model_message(message: str, inputs: Collection[str] = _PARAM_OF_TENSOR) -> OpenAIError:
+    """A model error that arrived on the stream without a status code; ``inputs`` are the model's
+    input names (bad input is refused with a message starting with one)."""
+    param = param_of(message, {*inputs, *_PARAM_OF_TENSOR})
     if param is not None:
         return invalid(message, param)
     if any(marker in message for marker in _OVERLOADED):

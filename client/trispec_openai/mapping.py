@@ -22,6 +22,8 @@ class Job:
     index: int  # the choice's index
     prompt_index: int
     request: GenerationRequest
+    # FP32 inputs trispec_client's request does not carry (0 = off: not sent)
+    penalties: tuple[tuple[str, float], ...] = ()
 
 
 def stop_word(stop: str) -> str:
@@ -36,6 +38,11 @@ def jobs(body: CompletionRequest | ChatCompletionRequest, prompts: list[str]) ->
     """The Triton requests for ``prompts`` (the rendered chat, or the completion prompts)."""
     max_tokens = body.token_limit if isinstance(body, ChatCompletionRequest) else body.max_tokens
     stops = tuple(stop_word(s) for s in body.stop_list if s)
+    penalties = tuple(
+        (name, float(value))
+        for name in ("presence_penalty", "frequency_penalty")
+        if (value := getattr(body, name))
+    )
     result = []
     for prompt_index, prompt in enumerate(prompts):
         for i in range(body.n):
@@ -53,5 +60,5 @@ def jobs(body: CompletionRequest | ChatCompletionRequest, prompts: list[str]) ->
                 )
             except InvalidRequestError as exc:  # a value the tensors cannot carry (an int over INT32)
                 raise invalid(exc.message, param_of(exc.message)) from None
-            result.append(Job(prompt_index * body.n + i, prompt_index, request))
+            result.append(Job(prompt_index * body.n + i, prompt_index, request, penalties))
     return result

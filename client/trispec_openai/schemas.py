@@ -1,7 +1,7 @@
 """OpenAI request bodies, validated: a bad field fails here with its name (400), before Triton sees it.
 
-Fields that would change the answer in a way we cannot honour (``echo``, ``suffix``, penalties,
-``logit_bias``, tools, top-k alternatives of log-probs) are refused with the reason rather than ignored;
+Fields that would change the answer in a way we cannot honour (``echo``, ``suffix``, ``logit_bias``,
+tools, top-k alternatives of log-probs) are refused with the reason rather than ignored;
 ``user``, ``metadata`` and ``store`` change nothing and are accepted. Unknown keys are refused, so that a
 misspelled field is not silently ignored. Our extensions: ``num_draft_tokens`` and ``top_k``.
 """
@@ -39,8 +39,9 @@ class _Sampling(_Body):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    # passed to the model's penalties of the same names (0 = off)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # extensions: draft tokens per round (0 = plain decoding; default: the server's), top-k sampling
@@ -49,9 +50,6 @@ class _Sampling(_Body):
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> _Sampling:
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise unsupported(name, "penalties are not applied by this server; send 0 or leave it out")
         if self.logit_bias:
             raise unsupported("logit_bias", "is not applied by this server; leave it out")
         if self.stream_options is not None and not self.stream:

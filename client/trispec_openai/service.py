@@ -100,7 +100,9 @@ class Call:
         self.choices = [Choice(job.index, job.prompt_index) for job in jobs]
         self._merged = merge(
             [
-                generator.stream(job.request, logprobs=logprobs, request_id=f"{fmt.id}-{job.index}")
+                generator.stream(
+                    job.request, logprobs=logprobs, request_id=f"{fmt.id}-{job.index}", extra=job.penalties
+                )
                 for job in jobs
             ]
         )

@@ -10,7 +10,7 @@ the request in the model.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -46,9 +46,11 @@ def _ints(value: np.ndarray | None) -> int | None:
     return None if value is None or value.size == 0 else int(value.reshape(-1)[0])
 
 
-def flag_input(name: str) -> aiogrpc.InferInput:
-    tensor = aiogrpc.InferInput(name, [1, 1], "BOOL")
-    tensor.set_data_from_numpy(np.array([[True]], dtype=np.bool_))
+def scalar_input(name: str, value: bool | float) -> aiogrpc.InferInput:
+    """A [1, 1] BOOL or FP32 input (the model's max_batch_size leads every shape)."""
+    array = np.array([[value]], dtype=np.bool_ if isinstance(value, bool) else np.float32)
+    tensor = aiogrpc.InferInput(name, [1, 1], "BOOL" if isinstance(value, bool) else "FP32")
+    tensor.set_data_from_numpy(array)
     return tensor
 
 
@@ -94,19 +96,25 @@ class TritonGenerator:
         return self._inputs
 
     async def stream(
-        self, request: GenerationRequest, *, logprobs: bool, request_id: str
+        self,
+        request: GenerationRequest,
+        *,
+        logprobs: bool,
+        request_id: str,
+        extra: Sequence[tuple[str, float]] = (),
     ) -> AsyncIterator[Piece]:
-        """The request's pieces up to the final one; raises ``OpenAIError`` on any failure."""
-        inputs = infer_inputs(request)
+        """The request's pieces up to the final one; raises ``OpenAIError`` on any failure. ``extra``:
+        FP32 inputs beside the request's own (penalties)."""
+        inputs = infer_inputs(request) + [scalar_input(name, value) for name, value in extra]
         declared = await self.model_inputs()
         if logprobs:
             if "return_log_probs" not in declared:
                 raise OpenAIError(
                     501, "logprobs: this server's model does not return log-probs", param="logprobs"
                 )
-            inputs.append(flag_input("return_log_probs"))
+            inputs.append(scalar_input("return_log_probs", True))
         if "return_num_input_tokens" in declared:
-            inputs.append(flag_input("return_num_input_tokens"))
+            inputs.append(scalar_input("return_num_input_tokens", True))
         done = asyncio.Event()
 
         async def requests() -> AsyncIterator[dict[str, object]]:
@@ -126,7 +134,7 @@ class TritonGenerator:
             async for result, error in call:
                 if error is not None:
                     finished = True  # an error ends the request in the model; nothing to cancel
-                    raise from_model_message(error.message() or str(error))
+                    raise from_model_message(error.message() or str(error), declared)
                 outputs, final = response_outputs(result)
                 chunk = chunk_from_outputs(outputs, final=final, previous_token_count=token_count)
                 token_before, token_count = token_count, chunk.token_count
