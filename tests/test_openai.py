@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from test_server_e2e import BIN, Server, free_port, server  # noqa: F401 -- the module-scoped server fixture
 from trispec_client import SpecDecClient
 from trispec_client.results import SpeculationStats
@@ -32,7 +33,7 @@ MODEL = "specdec"
 PROMPT = "The capital of France is"
 # greedy SmolLM2 keeps counting for hundreds of tokens: a generation that is still running when cut
 LONG_PROMPT = "Count from 1 to 1000: 1, 2, 3, 4, 5,"
-MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
@@ -255,12 +256,12 @@ def test_chat_uses_the_models_template(
         .generate(prompt, max_tokens=20, exclude_input_in_output=True)
         .text
     )
-    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20)  # type: ignore[arg-type]
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20)
     assert whole.object == "chat.completion"
     assert whole.choices[0].message.role == "assistant" and whole.choices[0].message.content == want
     assert whole.usage is not None and whole.usage.prompt_tokens == served_tokenizer.count(prompt)
 
-    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, stream=True)  # type: ignore[arg-type]
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, stream=True)
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
@@ -270,12 +271,15 @@ def test_chat_uses_the_models_template(
 @pytest.mark.server
 def test_n_choices_are_seeded_and_indexed(client: openai.OpenAI) -> None:
     def sample(stream: bool) -> list[str]:
-        kwargs = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "n": 2, "temperature": 1.0, "seed": 3}
         if not stream:
-            result = client.completions.create(**kwargs)  # type: ignore[call-overload]
+            result = client.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=12, n=2, temperature=1.0, seed=3
+            )
             return [c.text for c in sorted(result.choices, key=lambda c: c.index)]
         texts = ["", ""]
-        for chunk in client.completions.create(stream=True, **kwargs):  # type: ignore[call-overload]
+        for chunk in client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=12, n=2, temperature=1.0, seed=3, stream=True
+        ):
             for choice in chunk.choices:
                 texts[choice.index] += choice.text
         return texts
@@ -285,7 +289,7 @@ def test_n_choices_are_seeded_and_indexed(client: openai.OpenAI) -> None:
     assert sample(stream=True) == whole  # seeded: the same texts again, streamed
     chat = client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=8, n=2, seed=3, temperature=1.0
-    )  # type: ignore[arg-type]
+    )
     assert sorted(c.index for c in chat.choices) == [0, 1]
 
 
@@ -298,7 +302,7 @@ def test_logprobs(client: openai.OpenAI) -> None:
     assert "".join(logprobs.tokens) == completion.choices[0].text
     assert all(lp <= 0 for lp in logprobs.token_logprobs)
 
-    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, logprobs=True)  # type: ignore[arg-type]
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, logprobs=True)
     content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and len(content) == chat.usage.completion_tokens  # type: ignore[union-attr]
     assert "".join(t.token for t in content) == chat.choices[0].message.content
@@ -306,7 +310,7 @@ def test_logprobs(client: openai.OpenAI) -> None:
 
     streamed = client.chat.completions.create(
         model=MODEL,
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=MESSAGES,
         max_tokens=10,
         logprobs=True,
         stream=True,
@@ -320,7 +324,7 @@ def test_logprobs(client: openai.OpenAI) -> None:
     assert values == pytest.approx([t.logprob for t in content], abs=1e-4)  # greedy: the same tokens
 
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=2)  # type: ignore[arg-type]
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=2)
     assert "alternatives" in refused.value.message
 
 
