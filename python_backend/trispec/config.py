@@ -222,6 +222,11 @@ class GenerationDefaults(_Strict):
 class ServingConfig(_Strict):
     # text_input larger than this is refused before it is tokenised (tokenising 10 MB takes seconds)
     max_prompt_bytes: int = Field(262_144, ge=1)
+    # the Triton model's name: ``tensorrt_llm_bls`` lets NVIDIA's clients and dashboards talk to it as is
+    model_name: str = Field("specdec", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=128)
+    # true: streaming (one response per round); false: one response per request, and unary
+    # /v2/models/<name>/infer and gRPC ModelInfer work, but stream=true is refused
+    decoupled: bool = True
 
 
 class SpecDecConfig(_Strict):

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
     try:
-        load_config(args.config)
+        serving = load_config(args.config).serving
     except InvalidInputError as exc:
         return fail(str(exc), 2)
     ports = {
@@ -190,13 +190,17 @@ def main(argv: list[str] | None = None) -> int:
         admin_key=key,
     )
 
+    policy_words = "decoupled: streams" if serving.decoupled else "not decoupled: one response per request"
+
     def announce(server: TritonServer, restarts: int) -> None:
         if restarts:
             print(f"{PROG}: ready again after restart {restarts}", flush=True)
             return
         host = probe_host(args.host)
+        # --no-prepare serves the repository as it is: its own model names, not the YAML's
+        model = "" if args.no_prepare else f"model {serving.model_name} ({policy_words})  "
         print(
-            f"{PROG}: ready: HTTP http://{host}:{args.http_port}  gRPC {host}:{args.grpc_port}  "
+            f"{PROG}: ready: {model}HTTP http://{host}:{args.http_port}  gRPC {host}:{args.grpc_port}  "
             f"metrics http://{host}:{args.metrics_port}/metrics  (repository {repository})",
             flush=True,
         )

@@ -3,7 +3,9 @@ newly verified text.
 
 Triton's ``execute()`` only checks a request's fields and ``submit``s it here; it never waits, and the
 prompt is tokenised on the loop's thread (a request too long for the context is refused from there,
-INVALID_ARG as from ``execute()``). Every round
+INVALID_ARG as from ``execute()``). One Triton request may fan out to several sequences (rows of its
+batch, ``num_return_sequences``); they share its response sender, each response says which one it is
+(``batch_index``, ``sequence_index``), and only the last to end carries the final flag. Every round
 the loop checks each live request for cancellation, steps the scheduler once, and sends every
 request what that round verified. Nothing here imports Triton: a response sink is anything with
 ``is_cancelled`` / ``send`` / ``send_error`` (the Triton one lives in ``triton_model``).
@@ -12,8 +14,10 @@ request what that round verified. Nothing here imports Triton: a response sink i
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -24,7 +28,7 @@ from trispec.errors import Overloaded
 from trispec.llm_engine import LLMEngine
 from trispec.scheduler import RequestOutput
 from trispec.sequence import FinishReason
-from trispec.serving.tensors import ParsedRequest, as_tensor_error, response_tensors
+from trispec.serving.tensors import ParsedRequest, PerfMetrics, as_tensor_error, response_tensors
 from trispec.stats import EngineStats
 from trispec.step import KVUsage
 
@@ -78,15 +82,41 @@ class LoopMetrics(Protocol):
     def record_rejection(self, reason: str) -> None: ...
 
 
-@dataclass
-class _Live:
+@dataclass(eq=False)
+class _Group:
+    """One Triton request: its response sender and the sequences it fans out to."""
+
     sink: ResponseSink
-    prompt: str
-    stream: bool
-    exclude_input_in_output: bool
+    request_ids: list[int] = field(default_factory=list)
+    # sequences not finished yet: the one that brings this to 0 sends the final flag
+    remaining: int = 0
+    # ended by an error: nothing more is sent
+    ended: bool = False
+
+
+@dataclass(eq=False)
+class _Live:
+    """One sequence of a request."""
+
+    group: _Group
+    request: ParsedRequest
+    batch_index: int = 0
+    sequence_index: int = 0
     submitted_at: float = field(default_factory=time.monotonic)
+    arrival_ns: int = field(default_factory=time.time_ns)
+    first_token_ns: int = 0
+    last_token_ns: int = 0
     text: str = ""  # accumulated for stream=false
     token_count: int = 0
+    # tokens (and their log probs) not yet reported: streamed text can lag its tokens (a multi-byte
+    # character, a possible stop string), and a one-shot response reports them all at the end
+    pending_tokens: int = 0
+    pending_log_probs: list[float] = field(default_factory=list)
+    cum_log_prob: float = 0.0
+
+    @property
+    def sink(self) -> ResponseSink:
+        return self.group.sink
 
 
 class Heartbeat:
@@ -134,6 +164,9 @@ class ServingLoop:
             # streamed as long (scheduler: ``_admit_urgent``)
             engine.admit_urgently_after(limits.max_queue_delay_s / 2)
         self._live: dict[int, _Live] = {}
+        # perf metrics count the target KV blocks a sequence's tokens take
+        target = engine.kv_usage().get("target")
+        self._block_size = target.block_size if target is not None else 0
         # held while a request is registered, and while a round's outputs are dispatched, so an
         # output never arrives for a request that is not registered yet
         self._lock = threading.Lock()
@@ -145,25 +178,40 @@ class ServingLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, request: ParsedRequest, sink: ResponseSink) -> int:
-        """Queue a request. Raises ``InvalidInputError`` naming the field, or ``Overloaded`` when the
-        waiting queue is full; nothing is queued then."""
+    def submit(self, request: ParsedRequest | Sequence[ParsedRequest], sink: ResponseSink) -> list[int]:
+        """Queue a request: one ``ParsedRequest`` per row of its batch, each fanning out to its
+        ``num_return_sequences``. Raises ``InvalidInputError`` naming the field, or ``Overloaded`` when
+        the waiting queue cannot take them all; nothing is queued then. Returns the sequences' ids."""
+        rows = [request] if isinstance(request, ParsedRequest) else list(request)
+        sequences = [
+            (row, batch_index, sequence_index, generation)
+            for batch_index, row in enumerate(rows)
+            for sequence_index, generation in enumerate(row.sequences())
+        ]
         if self._stopping.is_set():
             raise Overloaded("shutting_down", "the model is shutting down")
         queued, limit = len(self.engine.queued_request_ids()), self.limits.max_waiting
-        if limit is not None and queued >= limit:
+        if limit is not None and queued + len(sequences) > limit:
             raise Overloaded(
                 "queue_full",
-                f"{queued} requests are waiting for a slot (scheduler.max_waiting {limit}); retry later",
+                f"{queued} requests are waiting for a slot (scheduler.max_waiting {limit}) and this one "
+                f"brings {len(sequences)}; retry later",
             )
+        group = _Group(sink, remaining=len(sequences))
         with self._lock:
-            # tokenised by the loop thread: Triton's thread only hands the request over
-            request_id = self.engine.add_request(request.generation, tokenize_later=True)
-            self._live[request_id] = _Live(
-                sink, request.generation.prompt, request.stream, request.exclude_input_in_output
-            )
+            try:
+                for row, batch_index, sequence_index, generation in sequences:
+                    # tokenised by the loop thread: Triton's thread only hands the request over
+                    request_id = self.engine.add_request(generation, tokenize_later=True)
+                    group.request_ids.append(request_id)
+                    self._live[request_id] = _Live(group, row, batch_index, sequence_index)
+            except Exception:
+                for request_id in group.request_ids:  # all or nothing
+                    del self._live[request_id]
+                    self.engine.cancel(request_id)
+                raise
         self._wake.set()
-        return request_id
+        return group.request_ids
 
     def reject(self, reason: str, request_id: str, message: str) -> None:
         """Account a refused request: one INFO line (never the prompt) and the metric."""
@@ -188,8 +236,8 @@ class ServingLoop:
             self.heartbeat.remove()
         with self._lock:
             live, self._live = self._live, {}
-        for state in live.values():
-            self._send_error(state, "the model is shutting down", "unavailable")
+        for group in _groups(live.values()):
+            self._send_error(group, "the model is shutting down", "unavailable")
 
     # -- the loop thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -218,14 +266,16 @@ class ServingLoop:
 
     def _check_cancellations(self) -> None:
         with self._lock:
-            live = list(self._live.items())
-        for request_id, state in live:
+            live = dict(self._live)
+        for group in _groups(live.values()):
             try:
-                cancelled = state.sink.is_cancelled()
+                cancelled = group.sink.is_cancelled()
             except Exception:  # the sender is gone: nobody is listening any more
                 cancelled = True
-            if cancelled:
-                self.engine.cancel(request_id)
+            if cancelled:  # every live sequence of the request ends (each with its final response)
+                for request_id in group.request_ids:
+                    if request_id in live:
+                        self.engine.cancel(request_id)
 
     def _expire_waiting(self) -> None:
         """Refuse (retryable) every request that waited for a slot longer than max_queue_delay_s."""
@@ -234,20 +284,21 @@ class ServingLoop:
             return
         now = time.monotonic()
         queued = self.engine.queued_request_ids()
-        expired = []
+        expired: list[tuple[int, _Group]] = []
         with self._lock:
             for request_id in queued:
                 state = self._live.get(request_id)
-                if state is not None and now - state.submitted_at > delay:
-                    expired.append((request_id, self._live.pop(request_id)))
-        for request_id, state in expired:
-            self.engine.cancel(request_id)
+                if state is not None and not state.group.ended and now - state.submitted_at > delay:
+                    # the whole request is refused: its other sequences too
+                    self._drop(state.group)
+                    expired.append((request_id, state.group))
+        for request_id, group in expired:
             message = (
                 f"no slot within scheduler.max_queue_delay_s ({delay:g} s); {len(queued)} requests were "
                 "waiting; retry later"
             )
             self.reject("queue_timeout", str(request_id), message)
-            self._send_error(state, message, "unavailable")
+            self._send_error(group, message, "unavailable")
 
     def _dispatch(self, outputs: list[RequestOutput]) -> list[str]:
         finished = []
@@ -256,53 +307,97 @@ class ServingLoop:
                 state = self._live.get(out.request_id)
                 if state is None:
                     continue
+                group = state.group
                 if out.invalid is not None:  # refused once tokenised: not a request that ran
-                    del self._live[out.request_id]
+                    self._drop(group)
                     error = as_tensor_error(out.invalid)
                     self.reject(out.invalid.reason, str(out.request_id), str(error))
-                    self._send_error(state, str(error), "invalid")
+                    self._send_error(group, str(error), "invalid")
                     continue
                 if out.finished:
                     del self._live[out.request_id]
+                    group.remaining -= 1
                     finished.append(out.finish_reason.value if out.finish_reason else "unknown")
+                if out.finish_reason is FinishReason.ERROR:
+                    self._drop(group)
+                    self._send_error(group, f"generation failed: {out.error}")
+                    continue
                 try:
                     self._respond(state, out)
                 except Exception:
                     logger.exception("sending a response for request %d failed", out.request_id)
-                    if not out.finished:
-                        del self._live[out.request_id]
-                        self.engine.cancel(out.request_id)
+                    self._drop(group)
         return finished
 
-    @staticmethod
-    def _respond(state: _Live, out: RequestOutput) -> None:
+    def _drop(self, group: _Group) -> None:
+        """End a request early (caller holds the lock): its sequences leave the batch, nothing more is
+        sent but the one error response the caller sends."""
+        group.ended = True
+        for request_id in group.request_ids:
+            if self._live.pop(request_id, None) is not None:
+                self.engine.cancel(request_id)
+
+    def _respond(self, state: _Live, out: RequestOutput) -> None:
+        request = state.request
+        now = time.time_ns()
+        if out.new_token_ids:
+            state.first_token_ns = state.first_token_ns or now
+            state.last_token_ns = now
         state.token_count += len(out.new_token_ids)
-        if out.finish_reason is FinishReason.ERROR:
-            state.sink.send_error(f"generation failed: {out.error}")
-            return
-        reason = out.finish_reason.value if out.finish_reason else None
-        if state.stream:
-            if out.finished:
-                state.sink.send(response_tensors(out.new_text, state.token_count, reason, out.stats), True)
-            elif out.new_text:
-                state.sink.send(response_tensors(out.new_text, state.token_count), False)
-            return
-        state.text += out.new_text
-        if out.finished:
-            text = state.text if state.exclude_input_in_output else state.prompt + state.text
-            state.sink.send(response_tensors(text, state.token_count, reason, out.stats), True)
+        state.pending_tokens += len(out.new_token_ids)
+        if out.new_log_probs is not None:
+            state.pending_log_probs.extend(out.new_log_probs)
+            state.cum_log_prob += math.fsum(out.new_log_probs)
+        if request.stream:
+            if not out.finished and not out.new_text:
+                return  # nothing to show yet; its tokens are reported with the next text
+            text = out.new_text
+        else:
+            state.text += out.new_text
+            if not out.finished:
+                return
+            text = state.text if request.exclude_input_in_output else request.generation.prompt + state.text
+        final = out.finished
+        perf = None
+        if request.return_perf_metrics:
+            length = out.num_prompt_tokens + state.token_count
+            perf = PerfMetrics(
+                arrival_ns=state.arrival_ns,
+                first_scheduled_ns=out.first_scheduled_ns or 0,
+                first_token_ns=state.first_token_ns,
+                last_token_ns=state.last_token_ns,
+                kv_blocks=math.ceil(length / self._block_size) if self._block_size else 0,
+            )
+        tensors = response_tensors(
+            text,
+            state.token_count,
+            out.finish_reason.value if final and out.finish_reason else None,
+            out.stats if final or perf is not None else None,
+            batch_index=state.batch_index,
+            sequence_index=state.sequence_index,
+            log_probs=state.pending_log_probs if request.generation.return_log_probs else None,
+            cum_log_prob=state.cum_log_prob,
+            perf=perf,
+            num_input_tokens=out.num_prompt_tokens if request.return_num_input_tokens else None,
+            num_output_tokens=state.pending_tokens if request.return_num_output_tokens else None,
+        )
+        state.pending_tokens, state.pending_log_probs = 0, []
+        # the final flag closes the whole request: only with its last sequence
+        state.sink.send(tensors, final and state.group.remaining == 0)
 
     def _fail_all(self, message: str) -> None:
         with self._lock:
             live, self._live = self._live, {}
-        for request_id, state in live.items():
+        for request_id in live:
             self.engine.cancel(request_id)
-            self._send_error(state, message)
+        for group in _groups(live.values()):
+            self._send_error(group, message)
 
     @staticmethod
-    def _send_error(state: _Live, message: str, kind: ErrorKind = "internal") -> None:
+    def _send_error(group: _Group, message: str, kind: ErrorKind = "internal") -> None:
+        group.ended = True
         try:
-            state.sink.send_error(message, kind)
+            group.sink.send_error(message, kind)
         except Exception:
             logger.exception("sending an error response failed")
 
@@ -320,3 +415,8 @@ class ServingLoop:
             self.metrics.record(report)  # type: ignore[union-attr]
         except Exception:
             logger.exception("recording metrics failed")
+
+
+def _groups(states: Iterable[_Live]) -> list[_Group]:
+    """The distinct requests of some sequences, in order."""
+    return list({id(state.group): state.group for state in states}.values())

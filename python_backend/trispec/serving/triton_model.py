@@ -1,8 +1,9 @@
-"""The Triton Python-backend model ``specdec``: a thin shim over the serving loop.
+"""The Triton Python-backend model (``specdec`` by default): a thin shim over the serving loop.
 
-``model_repository/specdec/1/model.py`` only re-exports :class:`TritonPythonModel`. ``execute()``
-validates each request and hands it to the loop, then returns at once (the model is decoupled);
-responses are sent from the loop's thread. Bad input (an unknown parameter too) gets an INVALID_ARG
+``model_repository/<name>/1/model.py`` only re-exports :class:`TritonPythonModel`. ``execute()``
+validates each request and hands it to the loop, then returns at once; responses are sent from the
+loop's thread through each request's response sender, in both transaction policies (not decoupled:
+exactly one response, with the final flag). Bad input (an unknown parameter too) gets an INVALID_ARG
 error naming the tensor or key; a full queue gets UNAVAILABLE (retryable); each refusal is counted in
 ``specdec_requests_rejected_total{reason}`` and logged once.
 """
@@ -20,7 +21,7 @@ import numpy as np
 
 from trispec.errors import InvalidInputError, Overloaded
 from trispec.serving.loop import ErrorKind, Heartbeat, QueueLimits, ServingLoop
-from trispec.serving.tensors import as_tensor_error, check_parameters, parse_inputs
+from trispec.serving.tensors import as_tensor_error, check_one_response, check_parameters, parse_batch
 from trispec.serving.tritonserver import HEARTBEAT_DIR_ENV
 
 # model config parameter holding the YAML path; empty means the built-in default config
@@ -42,6 +43,10 @@ logger = logging.getLogger(__name__)
 def config_path_from(model_config: dict[str, Any]) -> Path | None:
     value = model_config.get("parameters", {}).get(CONFIG_PARAMETER, {}).get("string_value", "")
     return Path(value) if value else None
+
+
+def is_decoupled(model_config: dict[str, Any]) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
 
 
 class TritonResponseSink:
@@ -82,6 +87,7 @@ class TritonPythonModel:
         self.pb_utils = pb_utils
         model_config = json.loads(args["model_config"])
         config = load_config(config_path_from(model_config))
+        self.decoupled = is_decoupled(model_config)
         self.llm = SpeculativeLLM.from_config(config)
         self.defaults = config.defaults
         self.max_prompt_bytes = config.serving.max_prompt_bytes
@@ -92,7 +98,13 @@ class TritonPythonModel:
         metrics = TritonMetrics(pb_utils, args["model_name"])
         self.loop = ServingLoop(self.llm.engine, metrics, limits, heartbeat)
         self.loop.start()
-        logger.info("specdec ready: drafter %s, scheduler %s", config.drafter.kind, config.scheduler)
+        logger.info(
+            "%s ready (decoupled: %s): drafter %s, scheduler %s",
+            args["model_name"],
+            self.decoupled,
+            config.drafter.kind,
+            config.scheduler,
+        )
 
     def execute(self, requests: list[Any]) -> None:
         pb = self.pb_utils
@@ -105,7 +117,10 @@ class TritonPythonModel:
 
             try:
                 check_parameters(request.parameters())
-                self.loop.submit(parse_inputs(get, self.defaults, self.max_prompt_bytes), sink)
+                rows = parse_batch(get, self.defaults, self.max_prompt_bytes)
+                if not self.decoupled:
+                    check_one_response(rows)
+                self.loop.submit(rows, sink)
             except InvalidInputError as exc:
                 error = as_tensor_error(exc)
                 self.loop.reject(exc.reason, request.request_id(), str(error))
@@ -116,7 +131,8 @@ class TritonPythonModel:
             except Exception as exc:
                 logger.exception("could not queue a request")
                 sink.send_error(f"{type(exc).__name__}: {exc}")
-        # decoupled: every response is sent by the loop thread
+        # every response is sent by the loop thread (not decoupled too: the response sender then takes
+        # exactly one response per request, with the final flag)
         return None
 
     def finalize(self) -> None:
