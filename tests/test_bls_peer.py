@@ -1,0 +1,225 @@
+"""Peer client: NVIDIA's own ``end_to_end_grpc_client.py`` (tests/peers/, unchanged) against the real
+server with the model served as ``tensorrt_llm_bls``, as someone who runs the BLS model would use it.
+
+Then the same model not decoupled (``serving.decoupled: false``): unary HTTP ``/infer`` and gRPC
+``ModelInfer`` answer, streaming is refused saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from test_server_e2e import BIN, Server, free_port
+from trispec.config import DEFAULT_CONFIG_PATH
+from trispec_client import SpecDecClient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = [pytest.mark.server, pytest.mark.real_model]
+
+PEER = Path(__file__).parent / "peers" / "end_to_end_grpc_client.py"
+MODEL = "tensorrt_llm_bls"
+PROMPT = "The capital of France is"
+
+
+def start_server(tmp: Path, serving: str) -> Server:
+    """specdec-serve with the default models and ``serving:`` set as given."""
+    config = tmp / "bls.yaml"
+    config.write_text(DEFAULT_CONFIG_PATH.read_text() + f"\nserving: {serving}\n")
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    log = tmp / "server.log"
+    command = [
+        str(BIN / "specdec-serve"),
+        "--config", str(config),
+        "--model-repository", str(tmp / "repo"),
+        "--http-port", str(http),
+        "--grpc-port", str(grpc),
+        "--metrics-port", str(metrics),
+        "--open-admin-apis",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    srv = Server(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, tmp / "key")
+    deadline = time.monotonic() + 240
+    while not srv.ready():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"specdec-serve did not become ready:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    return srv
+
+
+def stop_server(srv: Server) -> None:
+    srv.process.send_signal(signal.SIGTERM)
+    try:
+        assert srv.process.wait(timeout=60) == 0, srv.log.read_text()[-3000:]
+    finally:
+        if srv.process.poll() is None:
+            srv.process.kill()
+
+
+def peer(srv: Server, *args: str) -> str:
+    """Run NVIDIA's client as its README shows; its stdout (it exits 0 even on a server error)."""
+    command = [sys.executable, str(PEER), "-u", srv.grpc, "--model-name", MODEL, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="class")
+def bls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("bls"), f"{{model_name: {MODEL}}}")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="class")
+def unary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("unary"), f"{{model_name: {MODEL}, decoupled: false}}")
+    yield srv
+    stop_server(srv)
+
+
+def greedy(srv: Server, prompt: str = PROMPT, **kw: object) -> str:
+    """What the model generates greedily, asked through our own client (prompt excluded)."""
+    with SpecDecClient(srv.grpc, model=MODEL, timeout_s=120) as client:
+        return client.generate(prompt, temperature=0.0, exclude_input_in_output=True, **kw).text  # type: ignore[arg-type]
+
+
+def check(*expected: str) -> list[str]:
+    """The client's own --check-outputs: it asserts every text equals the expected one."""
+    return ["--check-outputs", "--expected-outputs", json.dumps(list(expected))]
+
+
+class TestServedAsTensorrtLlmBls:
+    def test_plain_and_exclude_input(self, bls: Server) -> None:
+        expected = greedy(bls, max_tokens=16)
+        out = peer(bls, "-p", PROMPT, "-o", "16", "--temperature", "0", *check(expected))
+        assert f"0: {PROMPT}{expected}\n" in out
+        out = peer(bls, "-p", PROMPT, "-o", "16", "--temperature", "0", "--exclude-input-in-output")
+        assert f"0: {expected}\n" in out
+
+    def test_streaming(self, bls: Server) -> None:
+        expected = greedy(bls, max_tokens=16)
+        out = peer(bls, "-p", PROMPT, "-o", "16", "--temperature", "0", "--streaming", *check(expected))
+        assert "Received an error" not in out
+        assert out.count("0 [b'") > 1  # one printed line per streamed response
+
+    def test_stop_words(self, bls: Server) -> None:
+        prompt = "Count: one, two, three,"
+        expected = greedy(bls, prompt, max_tokens=32, stop_words=[" five"])
+        assert expected and len(expected) < len(greedy(bls, prompt, max_tokens=32))
+        args = ["-p", prompt, "-o", "32", "--temperature", "0", "--stop-words", " five"]
+        peer(bls, *args, *check(expected))
+
+    def test_return_log_probs(self, bls: Server) -> None:
+        out = peer(bls, "-p", PROMPT, "-o", "6", "--temperature", "0", "--return-log-probs")
+        assert "output_log_probs.shape: (1, 1, 6)" in out
+
+    def test_return_perf_metrics_streaming_or_not(self, bls: Server) -> None:
+        for extra in ([], ["--streaming"]):
+            out = peer(bls, "-p", PROMPT, "-o", "8", "--temperature", "0", "--return-perf-metrics", *extra)
+            values = {}
+            for line in out.splitlines():
+                key, _, value = line.partition(": ")
+                if key.endswith(("_ns", "_blocks", "_tokens", "acceptance_rate")):
+                    values[key] = float(value)
+            times = [
+                values[f"{n}_time_ns"] for n in ("arrival", "first_scheduled", "first_token", "last_token")
+            ]
+            assert times == sorted(times) and times[0] > 1.6e18, out  # wall clock, in order
+            assert values["kv_cache_alloc_total_blocks"] >= 1 and values["kv_cache_reused_blocks"] == 0
+            assert 0 <= values["total_accepted_draft_tokens"] <= values["total_draft_tokens"]
+
+    def test_num_return_sequences(self, bls: Server) -> None:
+        expected = greedy(bls, max_tokens=8)
+        out = peer(bls, "-p", PROMPT, "-o", "8", "--temperature", "0", "-n", "2", *check(expected))
+        assert f"0 [0]: {PROMPT}{expected}" in out and f"0 [1]: {PROMPT}{expected}" in out
+        sampled = peer(bls, "-p", PROMPT, "-o", "8", "-n", "3")
+        assert all(f"0 [{i}]: {PROMPT}" in sampled for i in range(3))
+
+    def test_batch_inputs(self, bls: Server) -> None:
+        prompts = [PROMPT, "Water boils at"]
+        expected = [greedy(bls, p, max_tokens=8) for p in prompts]
+        peer(
+            bls,
+            "-p",
+            json.dumps(prompts),
+            "-o",
+            "8",
+            "--temperature",
+            "0",
+            "--batch-inputs",
+            *check(*expected),
+        )
+
+    def test_end_id_minus_one_means_none(self, bls: Server) -> None:
+        out = peer(bls, "-p", "Hi", "-o", "24", "--temperature", "0", "--end-id", "-1")
+        assert "Received an error" not in out and "0: Hi" in out
+
+    def test_what_we_cannot_honour_is_refused_saying_why(self, bls: Server) -> None:
+        out = peer(bls, "-p", "Hi", "-o", "4", "--return-generation-logits")
+        assert "Received an error from server:\nreturn_generation_logits: not supported: logits" in out
+        out = peer(bls, "-p", "Hi", "-o", "4", "--beam-width", "2")
+        assert "beam_width: only 1 is supported" in out
+
+
+class TestNotDecoupled:
+    def test_unary_http_infer_and_grpc_model_infer(self, unary: Server) -> None:
+        body = {
+            "inputs": [
+                {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": [PROMPT]},
+                {"name": "max_tokens", "datatype": "INT32", "shape": [1, 1], "data": [8]},
+                {"name": "temperature", "datatype": "FP32", "shape": [1, 1], "data": [0.0]},
+            ]
+        }
+        request = urllib.request.Request(
+            f"http://{unary.http}/v2/models/{MODEL}/infer", json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            outputs = {o["name"]: o for o in json.load(response)["outputs"]}
+        text = outputs["text_output"]["data"][0]
+        assert outputs["text_output"]["shape"] == [1] and text.startswith(PROMPT) and len(text) > len(PROMPT)
+        assert outputs["finish_reason"]["data"] == ["length"]
+
+        client = grpcclient.InferenceServerClient(unary.grpc)
+        inputs = [grpcclient.InferInput("text_input", [1, 1], "BYTES")]
+        inputs[0].set_data_from_numpy(np.array([[PROMPT.encode()]], dtype=object))
+        for name, value in (("max_tokens", 8), ("temperature", 0.0)):
+            dtype, triton = (np.int32, "INT32") if isinstance(value, int) else (np.float32, "FP32")
+            inputs.append(grpcclient.InferInput(name, [1, 1], triton))
+            inputs[-1].set_data_from_numpy(np.array([[value]], dtype=dtype))
+        result = client.infer(MODEL, inputs)
+        assert result.as_numpy("text_output")[0].decode() == text
+        # NVIDIA's client gets its one response too
+        assert f"0: {text}\n" in peer(unary, "-p", PROMPT, "-o", "8", "--temperature", "0")
+
+    def test_streaming_is_refused_with_a_clear_message(self, unary: Server) -> None:
+        request = urllib.request.Request(
+            f"http://{unary.http}/v2/models/{MODEL}/generate",
+            json.dumps({"text_input": "x", "max_tokens": 4, "stream": True}).encode(),
+            method="POST",
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 400
+        assert "stream: streaming needs serving.decoupled: true" in refused.value.read().decode()
+        out = peer(unary, "-p", "Hi", "-o", "4", "--streaming")
+        assert "stream: streaming needs serving.decoupled: true" in out
+        with pytest.raises(InferenceServerException, match="num_return_sequences"):
+            inputs = [grpcclient.InferInput("text_input", [1, 1], "BYTES")]
+            inputs[0].set_data_from_numpy(np.array([[b"Hi"]], dtype=object))
+            inputs.append(grpcclient.InferInput("num_return_sequences", [1, 1], "INT32"))
+            inputs[1].set_data_from_numpy(np.array([[2]], dtype=np.int32))
+            grpcclient.InferenceServerClient(unary.grpc).infer(MODEL, inputs)
