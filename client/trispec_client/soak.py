@@ -405,12 +405,15 @@ class Soak:
             "ttft_max_s": round(max(ttfts, default=math.nan), 3),
         }
         self.log(f"mixed: {len(outcomes)} requests in {elapsed:.0f} s, {kinds}")
-        bad = [(p, o) for p, o in outcomes if o.kind != "completed" or not o.finish_reason]
+        # more streams than the batch holds: the server may refuse some (retryable, by design)
+        refused = sum(o.kind == "refused" for _, o in outcomes)
+        ended = [(p, o) for p, o in outcomes if o.kind != "refused"]
+        bad = [(p, o) for p, o in ended if o.kind != "completed" or not o.finish_reason]
         self.report.check(
             "mixed",
-            f"{s.streams} concurrent streams end with a final response",
-            bool(outcomes) and not bad,
-            f"{len(outcomes) - len(bad)}/{len(outcomes)} ok"
+            f"{s.streams} concurrent streams end with a final response (or a retryable refusal)",
+            bool(outcomes) and not bad and refused < len(outcomes),
+            f"{len(outcomes) - len(bad)}/{len(outcomes)} ok, {refused} refused"
             + (f"; first bad: {bad[0][1].kind} {bad[0][1].message[:80]!r}" if bad else ""),
             "all",
         )

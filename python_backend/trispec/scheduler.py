@@ -94,6 +94,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._ids = itertools.count()
+        # guards the inbox and the waiting queue, which other threads read (queued_ids, has_work)
+        # while schedule() changes them
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._untokenized: list[tuple[int, GenerationRequest, float]] = []
@@ -187,9 +189,11 @@ class Scheduler:
 
     # -- 1. schedule -------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        self._take_inbox()
-        self._admit()
-        return StepPlan(self._fit(self._choose_ks(self._plan())))
+        arrived = self._tokenize_arrivals()  # outside the lock: a long prompt takes a while
+        with self._lock:
+            self._take_inbox(arrived)
+            self._admit()
+            return StepPlan(self._fit(self._choose_ks(self._plan())))
 
     def _plan(self) -> list[SeqStep]:
         steps: list[SeqStep] = []
@@ -271,7 +275,8 @@ class Scheduler:
         k = min(k, seq.remaining_tokens - 1) if seq.drafts else 0
         return SeqStep(seq.seq_id, seq.token_ids, seq.num_computed, feed_to, max(k, 0), seq.sampling)
 
-    def _take_inbox(self) -> None:
+    def _tokenize_arrivals(self) -> list[Sequence]:
+        """Requests queued with ``tokenize_later``, tokenised and validated; invalid ones end here."""
         with self._lock:
             untokenized, self._untokenized = self._untokenized, []
         arrived = []
@@ -285,12 +290,14 @@ class Scheduler:
                 self._pending_outputs.append(refused)
                 continue
             arrived.append(seq)
-        with self._lock:
-            # in the order the requests came (a tokenised one may have come after a deferred one)
-            arrived = sorted([*arrived, *self._inbox], key=lambda s: s.seq_id)
-            self.waiting.extend(arrived)
-            self._inbox.clear()
-            cancels, self._cancels = self._cancels, set()
+        return arrived
+
+    def _take_inbox(self, arrived: list[Sequence]) -> None:
+        """Queue new requests, oldest first, and apply cancellations (caller holds the lock)."""
+        # in the order the requests came (a tokenised one may have come after a deferred one)
+        self.waiting.extend(sorted([*arrived, *self._inbox], key=lambda s: s.seq_id))
+        self._inbox.clear()
+        cancels, self._cancels = self._cancels, set()
         for seq in [*self.waiting, *self.running]:
             if seq.seq_id in cancels:
                 seq.finish_reason = FinishReason.CANCELLED

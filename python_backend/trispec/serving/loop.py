@@ -173,10 +173,14 @@ class ServingLoop:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="specdec-loop", daemon=True)
+        # refusals at max_queue_delay_s on time, not after the step that is running then
+        self._expiry = threading.Thread(target=self._expire_loop, name="specdec-expiry", daemon=True)
 
     # -- called from Triton's threads ------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+        if self.limits.max_queue_delay_s is not None:
+            self._expiry.start()
 
     def submit(self, request: ParsedRequest | Sequence[ParsedRequest], sink: ResponseSink) -> list[int]:
         """Queue a request: one ``ParsedRequest`` per row of its batch, each fanning out to its
@@ -230,8 +234,9 @@ class ServingLoop:
         """Stop the thread; requests still live get an error response that ends them."""
         self._stopping.set()
         self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        for thread in (self._thread, self._expiry):
+            if thread.is_alive():
+                thread.join(timeout_s)
         if self.heartbeat is not None:
             self.heartbeat.remove()
         with self._lock:
@@ -251,7 +256,6 @@ class ServingLoop:
                 self._wake.clear()
                 continue
             self._check_cancellations()
-            self._expire_waiting()
             start = time.perf_counter()
             try:
                 outputs = self.engine.step()
@@ -276,6 +280,13 @@ class ServingLoop:
                 for request_id in group.request_ids:
                     if request_id in live:
                         self.engine.cancel(request_id)
+
+    def _expire_loop(self, interval_s: float = 0.05) -> None:
+        while not self._stopping.wait(interval_s):
+            try:
+                self._expire_waiting()
+            except Exception:  # never let refusing on time stop; the next tick tries again
+                logger.exception("expiring waiting requests failed")
 
     def _expire_waiting(self) -> None:
         """Refuse (retryable) every request that waited for a slot longer than max_queue_delay_s."""
