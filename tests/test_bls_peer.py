@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from test_server_e2e import BIN, Server, free_port
+from served import Server, start_server, stop_server
 from trispec.config import DEFAULT_CONFIG_PATH
 from trispec_client import SpecDecClient
 from tritonclient.utils import InferenceServerException
@@ -33,40 +31,11 @@ MODEL = "tensorrt_llm_bls"
 PROMPT = "The capital of France is"
 
 
-def start_server(tmp: Path, serving: str) -> Server:
+def serve(tmp: Path, serving: str) -> Server:
     """specdec-serve with the default models and ``serving:`` set as given."""
     config = tmp / "bls.yaml"
     config.write_text(DEFAULT_CONFIG_PATH.read_text() + f"\nserving: {serving}\n")
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    log = tmp / "server.log"
-    command = [
-        str(BIN / "specdec-serve"),
-        "--config", str(config),
-        "--model-repository", str(tmp / "repo"),
-        "--http-port", str(http),
-        "--grpc-port", str(grpc),
-        "--metrics-port", str(metrics),
-        "--open-admin-apis",
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    srv = Server(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, tmp / "key")
-    deadline = time.monotonic() + 240
-    while not srv.ready():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"specdec-serve did not become ready:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
-    return srv
-
-
-def stop_server(srv: Server) -> None:
-    srv.process.send_signal(signal.SIGTERM)
-    try:
-        assert srv.process.wait(timeout=60) == 0, srv.log.read_text()[-3000:]
-    finally:
-        if srv.process.poll() is None:
-            srv.process.kill()
+    return start_server(tmp, "--config", str(config), "--open-admin-apis")
 
 
 def peer(srv: Server, *args: str) -> str:
@@ -79,14 +48,14 @@ def peer(srv: Server, *args: str) -> str:
 
 @pytest.fixture(scope="class")
 def bls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("bls"), f"{{model_name: {MODEL}}}")
+    srv = serve(tmp_path_factory.mktemp("bls"), f"{{model_name: {MODEL}}}")
     yield srv
     stop_server(srv)
 
 
 @pytest.fixture(scope="class")
 def unary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("unary"), f"{{model_name: {MODEL}, decoupled: false}}")
+    srv = serve(tmp_path_factory.mktemp("unary"), f"{{model_name: {MODEL}, decoupled: false}}")
     yield srv
     stop_server(srv)
 

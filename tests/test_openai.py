@@ -18,7 +18,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
-from test_server_e2e import BIN, Server, free_port, server  # noqa: F401 -- the module-scoped server fixture
+from served import BIN, Server, free_port
+from test_server_e2e import server  # noqa: F401 -- the module-scoped server fixture
 from trispec_client import SpecDecClient
 from trispec_client.results import SpeculationStats
 from trispec_openai.chat import ChatTemplate

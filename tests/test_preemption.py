@@ -163,3 +163,58 @@ def test_offline_requests_wait_their_turn() -> None:
     clock.now = 100.0
     outputs = run_to_completion(llm)
     assert llm.stats.preemptions == 0 and all(tokens_of(outputs[i]) for i in ids)
+
+
+def test_churn_of_arrivals_cancels_preemption_and_urgent_admission_stays_exact() -> None:
+    """Randomised: requests arrive, wait, get cancelled, preempted and admitted urgently in a pool that
+    is always short. Nothing fails, every request ends once, greedy ones equal their target-only
+    output, and every block comes back."""
+    import random
+
+    rng = random.Random(7)
+    llm = spec_engine(
+        tiny_engine(0, num_blocks=24, block_size=8),
+        model_drafter(5, num_blocks=16, block_size=8),
+        max_context=96,
+        max_batch_size=6,
+        max_prefill_tokens_per_step=24,
+        adaptive_speculation=True,
+    )
+    clock = Clock()
+    llm.scheduler.clock = clock
+    llm.admit_urgently_after(0.5)
+    greedy: dict[int, GenerationRequest] = {}
+    cancelled: set[int] = set()
+    outputs: dict[int, list] = {}
+    for step in range(400):
+        if step < 300 and rng.random() < 0.3:
+            prompt = [rng.randrange(20, 200) for _ in range(rng.randint(2, 40))]
+            sampled = rng.random() < 0.4
+            request = GenerationRequest(
+                prompt_token_ids=prompt,
+                max_tokens=rng.randint(1, 96 - len(prompt)),
+                num_draft_tokens=rng.choice([0, 2, 4, 8]),
+                temperature=0.8 if sampled else 0.0,
+                seed=rng.randrange(100) if sampled else None,
+            )
+            rid = llm.add_request(request, tokenize_later=rng.random() < 0.5)
+            if not sampled:
+                greedy[rid] = request
+        live = [r for r in greedy if r not in outputs or not outputs[r][-1].finished]
+        if live and rng.random() < 0.03:
+            victim = rng.choice(live)
+            llm.cancel(victim)
+            cancelled.add(victim)
+        clock.now += rng.random() * 0.2
+        for out in llm.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    for out_id, outs in run_to_completion(llm).items():
+        outputs.setdefault(out_id, []).extend(outs)
+    assert llm.stats.preemptions > 20
+    assert all(o.error is None for outs in outputs.values() for o in outs)
+    assert all([o.finished for o in outs].count(True) == 1 and outs[-1].finished for outs in outputs.values())
+    for rid, request in greedy.items():
+        if rid not in cancelled:
+            expected = reference_greedy(list(request.prompt_token_ids or []), request.max_tokens)
+            assert tokens_of(outputs[rid]) == expected, rid
+    assert_idle(llm)

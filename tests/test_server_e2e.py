@@ -11,12 +11,9 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from served import BIN, Server, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
 
-BIN = Path(sys.executable).parent
 MAX_TOKENS = 24
 PROMPTS = [
     "The capital of France is",
@@ -38,86 +35,12 @@ PROMPTS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class Server:
-    process: subprocess.Popen[bytes]
-    http: str
-    grpc: str
-    metrics: str
-    log: Path
-    admin_key_file: Path
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http}/v2/health/ready", timeout=2) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-    def metric(self, name: str, **labels: str) -> float:
-        assert self.has_metric(name, **labels), f"metric {name} {labels} not exported"
-        return self.metric_or_zero(name, **labels)
-
-    def has_metric(self, name: str, **labels: str) -> bool:
-        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        return any(
-            line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items())
-            for line in text.splitlines()
-        )
-
-    def metric_or_zero(self, name: str, **labels: str) -> float:
-        """Sum of the samples of ``name`` whose labels include ``labels`` (0 if none yet)."""
-        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        total, found = 0.0, False
-        for line in text.splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-                found = True
-        return total if found else 0.0
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("serve")
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    log = tmp / "server.log"
-    command = [
-        str(BIN / "specdec-serve"),
-        "--model-repository", str(tmp / "repo"),
-        "--http-port", str(http),
-        "--grpc-port", str(grpc),
-        "--metrics-port", str(metrics),
-        "--admin-key-file", str(tmp / "admin-key"),
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        env = {k: v for k, v in os.environ.items() if k != "SPECDEC_ADMIN_KEY"}
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    srv = Server(
-        process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, tmp / "admin-key"
-    )
-    deadline = time.monotonic() + 240
-    while not srv.ready():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"specdec-serve did not become ready:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
+    srv = start_server(tmp, "--admin-key-file", str(tmp / "admin-key"), keep_admin_key_env=False)
     yield srv
-    process.send_signal(signal.SIGTERM)
-    try:
-        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
-    finally:
-        if process.poll() is None:
-            process.kill()
+    stop_server(srv)
 
 
 def reference(prompts: list[str], k: int, max_tokens: int = MAX_TOKENS) -> list[str]:

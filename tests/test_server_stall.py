@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_server_e2e import BIN, Server, StreamResult, free_port, grpc_stream
+from served import Server, start_server, stop_server
+from test_server_e2e import StreamResult, grpc_stream
 from trispec.serving.tritonserver import StubProcess, find_stubs
 
 
@@ -44,33 +44,12 @@ SHORT = {**LONG, "max_tokens": 32}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("stall")
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    log = tmp / "launcher.log"  # the launcher's own lines; tritonserver's go to server.log
-    command = [
-        str(BIN / "specdec-serve"),
-        "--model-repository", str(tmp / "repo"),
-        "--http-port", str(http),
-        "--grpc-port", str(grpc),
-        "--metrics-port", str(metrics),
-        "--open-admin-apis",
-        "--log-file", str(tmp / "server.log"),
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    srv = Server(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, tmp / "none")
-    deadline = time.monotonic() + 240
-    while not srv.ready():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"specdec-serve did not become ready:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
+    # the launcher's own lines; tritonserver's go to server.log
+    srv = start_server(
+        tmp, "--open-admin-apis", "--log-file", str(tmp / "server.log"), log_name="launcher.log"
+    )
     yield srv
-    process.send_signal(signal.SIGTERM)
-    try:
-        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
-    finally:
-        if process.poll() is None:
-            process.kill()
+    stop_server(srv)
 
 
 def tritonserver_pid(launcher_pid: int) -> int:

@@ -7,7 +7,8 @@ import json
 import subprocess
 
 import pytest
-from test_server_e2e import BIN, Server, server  # noqa: F401 -- the module-scoped server fixture
+from served import BIN, Server
+from test_server_e2e import server  # noqa: F401 -- the module-scoped server fixture
 from trispec_client import soak
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
