@@ -175,12 +175,27 @@ def test_exploration_picks_the_sequences_whose_draft_cache_lags_least() -> None:
     never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
     controller = GoodputController(warmup_steps=2, explore_every=4, max_explore_every=4)
     drive(controller, never, accept=0.85, batch=6, steps=40)
-    lags = [400, 300, 3, 200, 1, 500]
+    lags = [400, 300, 0, 200, 0, 500]
     explored = []
     for _ in range(16):
         ks = controller.choose(list(range(6)), [4] * 6, lags=lags, remaining=[64] * 6)
         explored += [i for i, k in enumerate(ks) if k]
     assert explored and set(explored) <= {2, 4}
+
+
+def test_no_exploration_whose_catch_up_costs_more_than_a_step() -> None:
+    # a long prompt's catch-up would cost a short run several percent at once: explore without it,
+    # or not at all (here the catch-up cost is not measured yet: a target row's cost stands in)
+    never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
+    controller = GoodputController(warmup_steps=2, explore_every=4, max_explore_every=4, explore_budget=1.0)
+    drive(controller, never, accept=0.85, batch=6, steps=40)
+    step_s = never.target_base_s + never.target_row_s * 6  # one plain step: catch up <= 9 tokens
+    for lags, allowed in (([400, 300, 200, 500, 40, 600], set()), ([400, 300, 8, 200, 40, 500], {2})):
+        explored = []
+        for _ in range(16):
+            ks = controller.choose(list(range(6)), [4] * 6, lags=lags, remaining=[64] * 6)
+            explored += [i for i, k in enumerate(ks) if k]
+        assert set(explored) == allowed, (lags, step_s)
 
 
 def test_a_new_request_starts_from_the_global_rate() -> None:

@@ -154,7 +154,9 @@ class GoodputController:
     """Online acceptance and cost estimates feeding ``choose_ks``.
 
     Warm-up: until the cost model has seen both drafting and plain steps, steps alternate between
-    the requested k and plain. Afterwards, once every ``explore_every`` steps, a few sequences draft
+    plain and drafting by one or two sequences (those whose draft cache lags least): a draft model
+    first catches up on every prompt it drafts for, so warming up with the whole batch costs a
+    draft prefill of every prompt in it. Afterwards, once every ``explore_every`` steps, a few sequences draft
     at the requested k whatever the model says, so that the draft cost and acceptance stay measured
     while the model prefers plain. Such a step costs (a draft cache catches up), so the interval
     doubles, up to ``max_explore_every``, each time the model chose plain all along since the last
@@ -215,7 +217,9 @@ class GoodputController:
         warm = self._drafted_steps >= self.warmup_steps and self._plain_steps >= self.warmup_steps
         if not warm:
             # drafting first, then plain, until both were seen often enough
-            return list(max_ks) if self._drafted_steps <= self._plain_steps else [0] * len(max_ks)
+            if self._drafted_steps > self._plain_steps:
+                return [0] * len(max_ks)
+            return self._draft_a_few([0] * len(max_ks), max_ks, lags, self._drafted_steps)
         if self.cost is None:
             return list(max_ks)
         glob = self._rates(self._global, None)
@@ -244,20 +248,46 @@ class GoodputController:
         least first) draft at their cap whatever the model says: enough to keep the draft cost and
         the acceptance measured, and to vary drafted positions against draft passes. Rarely and
         few, because a draft model that sat out plain rounds first catches up on what it missed:
-        when that catch-up would cost more than ``explore_budget`` of the time until the next
-        exploration, this one is skipped (the interval keeps growing, so a later one fits)."""
+        only sequences whose catch-up costs less than a plain step take part (a long prompt's would
+        cost a short run several percent at once), and when theirs together would cost more than
+        ``explore_budget`` of the time until the next exploration, this one is skipped (the
+        interval keeps growing, so a later one fits)."""
         n = len(ks)
-        turn = self._explorations
-        size = min(n, 1 + turn % 2)
-        order = sorted(range(n), key=lambda i: (lags[i] if lags is not None else 0, (i - turn) % n))[:size]
+        able = range(n)
         if lags is not None and self.cost is not None:
-            catch_up_s = self.cost.catch_up_token_s * sum(lags[i] for i in order)
-            if catch_up_s > self.explore_budget * self._explore_interval * self.cost.seconds([0] * n):
+            # not measured yet: a draft model's catch-up token costs about what a target row does
+            per_token_s = self.cost.catch_up_token_s or self.cost.target_row_s
+            plain_step_s = self.cost.seconds([0] * n)
+            able = [i for i in range(n) if per_token_s * lags[i] <= plain_step_s]
+            order = self._few(max_ks, lags, self._explorations, able)
+            budget_s = self.explore_budget * self._explore_interval * plain_step_s
+            if not order or per_token_s * sum(lags[i] for i in order) > budget_s:
                 return ks
         self._explorations += 1
-        for i in order:
+        return self._draft_a_few(ks, max_ks, lags, self._explorations - 1, able)
+
+    def _draft_a_few(
+        self,
+        ks: list[int],
+        max_ks: Sequence[int],
+        lags: Sequence[int] | None,
+        turn: int,
+        able: Sequence[int] | None = None,
+    ) -> list[int]:
+        for i in self._few(max_ks, lags, turn, able):
             ks[i] = max(ks[i], max_ks[i])
         return ks
+
+    @staticmethod
+    def _few(
+        max_ks: Sequence[int], lags: Sequence[int] | None, turn: int, able: Sequence[int] | None = None
+    ) -> list[int]:
+        """One or two sequences that may draft (alternately, so that drafted positions vary against
+        draft passes), those whose draft cache lags least first, rotating over the batch."""
+        n = len(max_ks)
+        able = [i for i in (range(n) if able is None else able) if max_ks[i] > 0]
+        order = sorted(able, key=lambda i: (lags[i] if lags is not None else 0, (i - turn) % n))
+        return order[: 1 + turn % 2]
 
     def acceptance(self, seq_id: int, glob: list[float] | None = None) -> list[float]:
         """The request's conditional acceptance per position, shrunk towards all requests' (``glob``,
