@@ -38,7 +38,8 @@ def write_config(root: Path, drafter: str) -> Path:
     path = root / f"config-{abs(hash(drafter))}.yaml"
     path.write_text(
         f"target:\n  checkpoint:\n    path: target\n  kv_cache_mb: 8\n{drafter}"
-        "scheduler:\n  max_context: 256\n"
+        # adaptive speculation chooses by measured time: these tests are about exactness and drafting
+        "scheduler:\n  max_context: 256\n  adaptive_speculation: false\n"
     )
     return path
 

@@ -497,7 +497,14 @@ def test_speculative_llm_over_trtllm_engines_equals_the_torch_engine(
     write_engine(tmp_path / "out/engines/draft", vocab_size=TINY_VOCAB, seed=7)
     (tmp_path / "draft").mkdir()
     write_hf(tmp_path / "draft", "llama", 7)
-    trt = load_config(trtllm_yaml(tmp_path, "{kind: model, model: {checkpoint: {path: draft}}}"))
+    # adaptive speculation off: it chooses by measured time, and this test wants every request to draft
+    trt = load_config(
+        trtllm_yaml(
+            tmp_path,
+            "{kind: model, model: {checkpoint: {path: draft}}}",
+            scheduler=", adaptive_speculation: false",
+        )
+    )
     torch_config = trt.model_copy(update={"engine": trt.engine.model_copy(update={"kind": "torch"})})
     prompts = ["hello there", "abcabcabc", "the rain"]
     via_trt = SpeculativeLLM.from_config(trt)
