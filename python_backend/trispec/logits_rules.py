@@ -26,10 +26,7 @@ def apply_rules(
     vocab_size = out.shape[-1]
     rows = out.shape[0]
     tokens = [*context, *drafts[: max(rows - 1, 0)]]
-    penalties = (
-        params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-    )
-    if penalties:
+    if params.penalised:
         counts = _counts_per_row(tokens, len(context), rows, vocab_size)
         seen = counts > 0
         if params.repetition_penalty != 1.0:

@@ -88,16 +88,14 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
+    def penalised(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
     def shapes_logits(self) -> bool:
         """Whether logits go through ``logits_rules.apply_rules`` before sampling (penalties, bad
         words, min_tokens); off by default, then nothing is spent on it."""
-        return (
-            self.repetition_penalty != 1.0
-            or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-            or bool(self.bad_words_ids)
-            or self.min_tokens > 0
-        )
+        return self.penalised or bool(self.bad_words_ids) or self.min_tokens > 0
 
     @property
     def seeded(self) -> bool:

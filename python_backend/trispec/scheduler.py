@@ -27,6 +27,7 @@ from trispec.detokenize import StopTextTracker
 from trispec.errors import InvalidInputError
 from trispec.request import GenerationRequest, Limits, validate_request
 from trispec.runners.base import SpecRunner
+from trispec.sampling_params import SamplingParams
 from trispec.sequence import FinishReason, Sequence
 from trispec.speculation import GoodputController
 from trispec.stats import AcceptanceStats, EngineStats
@@ -130,8 +131,6 @@ class Scheduler:
         else:
             prompt_ids = self.encode(request.prompt)  # type: ignore[arg-type]
         num_draft_tokens = validate_request(request, prompt_ids, self.limits)
-        if not self.runner.shapes_logits:
-            self._refuse_logits_rules(request)
         if request.end_id is None:
             end_ids = self.eos_ids
         else:
@@ -143,31 +142,18 @@ class Scheduler:
             end_ids=end_ids,
             prompt_len=len(prompt_ids),
         )
+        if not self.runner.shapes_logits:
+            _refuse_logits_rules(sampling)
         return Sequence(
             seq_id=seq_id,
             prompt_ids=prompt_ids,
             max_tokens=request.max_tokens,
             num_draft_tokens=num_draft_tokens,
             sampling=sampling,
-            end_ids=end_ids,
             text=self.make_text_tracker(list(request.stop)),
             drafts=num_draft_tokens > 0,
             arrived_at=arrived_at,
         )
-
-    @staticmethod
-    def _refuse_logits_rules(request: GenerationRequest) -> None:
-        defaults = GenerationRequest()
-        for name in (
-            "bad_words",
-            "repetition_penalty",
-            "presence_penalty",
-            "frequency_penalty",
-            "min_tokens",
-            "return_log_probs",
-        ):
-            if getattr(request, name) != getattr(defaults, name) and getattr(request, name):
-                raise InvalidInputError(name, "is not supported by this engine (engine.kind trtllm) yet")
 
     def cancel(self, request_id: int) -> None:
         """Stop a request at the next step; its KV blocks return to the pool."""
@@ -457,3 +443,18 @@ class Scheduler:
 
     def _seq(self, seq_id: int) -> Sequence:
         return next(s for s in self.running if s.seq_id == seq_id)
+
+
+def _refuse_logits_rules(sampling: SamplingParams) -> None:
+    """For a runner that does not apply them: refuse, naming the request field, rather than ignore."""
+    defaults = SamplingParams()
+    for name, field_name in (
+        ("bad_words_ids", "bad_words"),
+        ("repetition_penalty", "repetition_penalty"),
+        ("presence_penalty", "presence_penalty"),
+        ("frequency_penalty", "frequency_penalty"),
+        ("min_tokens", "min_tokens"),
+        ("return_log_probs", "return_log_probs"),
+    ):
+        if getattr(sampling, name) != getattr(defaults, name):
+            raise InvalidInputError(field_name, "is not supported by this engine (engine.kind trtllm) yet")

@@ -24,7 +24,6 @@ class Sequence:
     max_tokens: int
     num_draft_tokens: int
     sampling: SamplingParams
-    end_ids: frozenset[int]
     text: StopTextTracker
     output_ids: list[int] = field(default_factory=list)
     # how many of ``token_ids`` the runner's caches hold (as the runner last reported it); every
@@ -62,6 +61,12 @@ class Sequence:
     @property
     def remaining_tokens(self) -> int:
         return self.max_tokens - len(self.output_ids)
+
+    @property
+    def end_ids(self) -> frozenset[int]:
+        """Tokens that end it (resolved into its sampling settings, which also mask them until
+        ``min_tokens``)."""
+        return self.sampling.end_ids
 
     @property
     def seeded_sampling(self) -> bool:

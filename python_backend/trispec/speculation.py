@@ -219,7 +219,7 @@ class GoodputController:
             # drafting first, then plain, until both were seen often enough
             if self._drafted_steps > self._plain_steps:
                 return [0] * len(max_ks)
-            return self._draft_a_few([0] * len(max_ks), max_ks, lags, self._drafted_steps)
+            return _draft_at_cap([0] * len(max_ks), max_ks, self._few(max_ks, lags, self._drafted_steps))
         if self.cost is None:
             return list(max_ks)
         glob = self._rates(self._global, None)
@@ -253,30 +253,19 @@ class GoodputController:
         ``explore_budget`` of the time until the next exploration, this one is skipped (the
         interval keeps growing, so a later one fits)."""
         n = len(ks)
-        able = range(n)
-        if lags is not None and self.cost is not None:
+        if lags is None or self.cost is None:
+            order = self._few(max_ks, lags, self._explorations)
+        else:
             # not measured yet: a draft model's catch-up token costs about what a target row does
             per_token_s = self.cost.catch_up_token_s or self.cost.target_row_s
             plain_step_s = self.cost.seconds([0] * n)
-            able = [i for i in range(n) if per_token_s * lags[i] <= plain_step_s]
-            order = self._few(max_ks, lags, self._explorations, able)
+            cheap = [i for i in range(n) if per_token_s * lags[i] <= plain_step_s]
+            order = self._few(max_ks, lags, self._explorations, cheap)
             budget_s = self.explore_budget * self._explore_interval * plain_step_s
             if not order or per_token_s * sum(lags[i] for i in order) > budget_s:
                 return ks
         self._explorations += 1
-        return self._draft_a_few(ks, max_ks, lags, self._explorations - 1, able)
-
-    def _draft_a_few(
-        self,
-        ks: list[int],
-        max_ks: Sequence[int],
-        lags: Sequence[int] | None,
-        turn: int,
-        able: Sequence[int] | None = None,
-    ) -> list[int]:
-        for i in self._few(max_ks, lags, turn, able):
-            ks[i] = max(ks[i], max_ks[i])
-        return ks
+        return _draft_at_cap(ks, max_ks, order)
 
     @staticmethod
     def _few(
@@ -352,6 +341,12 @@ class GoodputController:
             passes, positions, catch_up, draft_s = np.array(draft, dtype=np.float64).T
             c, d, e = _nonneg_lstsq(np.column_stack([passes, positions, catch_up]), draft_s)
         return StepCost(a, b, c, d, e)
+
+
+def _draft_at_cap(ks: list[int], max_ks: Sequence[int], chosen: Sequence[int]) -> list[int]:
+    for i in chosen:
+        ks[i] = max(ks[i], max_ks[i])
+    return ks
 
 
 def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[float, ...]:

@@ -233,11 +233,13 @@ class TorchSpecRunner:
         lengths: dict[int, int] = {}
         for n, i in enumerate(order):
             seq_id, length = grows_to(i)
-            if not self.drafter.room_for({**lengths, seq_id: length}) and decodes[i].sampling.seeded:
+            fits = self.drafter.room_for({**lengths, seq_id: length})
+            if not fits and decodes[i].sampling.seeded:
                 for j in order[n + 1 :]:
                     if not decodes[j].sampling.seeded:
                         self._rollback_draft(decodes[j].seq_id, 0)
-            if self.drafter.room_for({**lengths, seq_id: length}):
+                fits = self.drafter.room_for({**lengths, seq_id: length})
+            if fits:
                 lengths[seq_id] = length
                 kept.append(i)
         return sorted(kept)
