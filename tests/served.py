@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +19,30 @@ import pytest
 BIN = Path(sys.executable).parent
 
 
+def free_ports(count: int = 3) -> list[int]:
+    """Ports the kernel hands out as free right now (all held open together, so they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Poll ``condition`` until true; return the seconds it took; fail after ``timeout_s``."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout_s:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
 
 
 @dataclass
@@ -71,7 +92,7 @@ def start_server(
 ) -> Server:
     """``specdec-serve`` on free ports with ``args`` added; returns once ready (fails the test if it
     never is). Its repository lives in ``tmp``, its output goes to ``tmp / log_name``."""
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    http, grpc, metrics = free_ports()
     log = tmp / log_name
     command = [
         str(BIN / "specdec-serve"),

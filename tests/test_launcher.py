@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from served import free_ports, wait_for
 from trispec.serving import launcher
 from trispec.serving.supervisor import LoopWatch, Supervisor, SupervisorPolicy, retry_delay_s
 from trispec.serving.tritonserver import (
@@ -52,30 +53,8 @@ from trispec.serving.tritonserver import (
 MODELS = Path(__file__).parent / "triton_models"
 
 
-def free_ports(count: int = 3) -> list[int]:
-    """Ports the kernel hands out as free right now (all held open together, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def shm_files(prefix: str) -> list[Path]:
     return sorted(SHM_DIR.glob(f"{prefix}*"))
-
-
-def wait_for(condition, timeout_s: float, what: str) -> float:
-    """Poll ``condition`` until true; return the seconds it took; fail after ``timeout_s``."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout_s:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-    return time.monotonic() - start
 
 
 @pytest.fixture(scope="module")

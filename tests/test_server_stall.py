@@ -12,22 +12,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from served import Server, start_server, stop_server
+from served import Server, start_server, stop_server, wait_for
 from test_server_e2e import StreamResult, grpc_stream
 from trispec.serving.tritonserver import StubProcess, find_stubs
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
-
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
 
