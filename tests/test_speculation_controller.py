@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 from tiny import model_drafter, run_to_completion, spec_engine, tiny_engine, tokens_of
 from trispec.request import GenerationRequest
-from trispec.speculation import GoodputController, StepCost, choose_ks, expected_tokens
+from trispec.speculation import GoodputController, StepCost, choose_ks, draft_passes, expected_tokens
 
 
 # -- the pure choice --------------------------------------------------------------------------------
@@ -39,6 +39,15 @@ def test_when_drafting_never_pays_k_is_zero_everywhere() -> None:
     assert choose_ks([[0.0]] * 3, [4] * 3, CHEAP) == [0, 0, 0]  # nothing is ever accepted
 
 
+def test_a_thin_promised_gain_stays_plain() -> None:
+    # one draft position that costs 48 % of a target pass: worth (1 + a) / 1.48 of plain
+    cost = StepCost(target_base_s=0.030, target_row_s=0.0, draft_pass_s=0.0144)
+    assert choose_ks([[0.52]], [1], cost) == [1]  # promises 2.7 % more
+    assert choose_ks([[0.52]], [1], cost, min_gain=0.03) == [0]  # not the 3 % asked for
+    assert choose_ks([[0.55]], [1], cost, min_gain=0.03) == [1]  # 4.7 %
+    assert GoodputController().min_gain == 0.03
+
+
 def test_k_is_per_request() -> None:
     # the same step: the copying request drafts, the one whose drafts are always rejected does not
     ks = choose_ks([[0.95], [0.05], [0.9]], [6, 6, 6], CHEAP)
@@ -58,6 +67,49 @@ def test_shared_draft_passes_are_not_a_trap() -> None:
     shared = StepCost(target_base_s=0.030, target_row_s=0.0001, draft_pass_s=0.012, draft_seq_s=0.0)
     assert choose_ks([[0.2]], [2], shared) == [0]
     assert all(k > 0 for k in choose_ks([[0.8]] * 16, [4] * 16, shared))
+
+
+def test_draft_passes_count_the_sequences_drafting_each_position() -> None:
+    assert draft_passes([4, 0, 2, 1]) == [3, 2, 1, 1]
+    assert draft_passes([0, 0]) == [] and draft_passes([]) == []
+    cost = StepCost(
+        target_base_s=0.02, target_row_s=0.001, draft_pass_s=0.01, draft_seq_s=0.002, draft_knee=2
+    )
+    # passes of 3, 2, 1, 1 sequences: only the first is past the knee of 2
+    assert cost.seconds([4, 0, 2, 1]) == pytest.approx(0.02 + 0.001 * 11 + 4 * 0.01 + 0.002)
+
+
+# a CPU's verify pass: flat (weights read once) up to 8 rows, then compute-bound at 1.5 ms a row
+KNEED = StepCost(
+    target_base_s=0.020,
+    target_row_s=0.0015,
+    draft_pass_s=0.004,
+    draft_seq_s=0.0008,
+    target_knee=8,
+    draft_knee=2,
+)
+
+
+def test_a_verify_pass_that_turns_compute_bound_stops_drafting_past_the_knee() -> None:
+    assert choose_ks([[0.8]], [4], KNEED) == [4]  # 5 rows: inside the flat part, drafting pays
+    # past the knee every row costs: fewer drafts as the batch grows, none at 8 sequences
+    assert choose_ks([[0.8]] * 2, [4] * 2, KNEED) == [3, 3]
+    assert choose_ks([[0.8]] * 4, [4] * 4, KNEED) == [1] * 4
+    assert choose_ks([[0.8]] * 8, [4] * 8, KNEED) == [0] * 8  # 40 rows cost 68 ms: it does not
+
+
+def test_the_knee_is_learned_from_step_timings() -> None:
+    controller = GoodputController(warmup_steps=2, explore_every=4, max_explore_every=4)
+    for batch in (1, 2, 4, 8, 16):
+        drive(controller, KNEED, accept=0.8, batch=batch, steps=60)
+    cost = controller._fit()
+    assert cost is not None
+    for rows in (1, 4, 8, 12, 20, 40, 80):
+        assert cost.target_seconds(rows) == pytest.approx(KNEED.target_seconds(rows), rel=0.05), rows
+    for sequences in (1, 2, 4, 8):
+        assert cost.draft_pass_seconds(sequences) == pytest.approx(
+            KNEED.draft_pass_seconds(sequences), rel=0.1
+        )
 
 
 def test_a_draft_cache_to_catch_up_weighs_on_starting_to_draft() -> None:
@@ -99,10 +151,8 @@ def drive(controller: GoodputController, truth: StepCost, accept: float, batch: 
             while accepted < k and rng.random() < accept:
                 accepted += 1
             controller.record_round(seq_id, k, accepted)
-        passes_s = truth.draft_pass_s * max(ks) + truth.draft_seq_s * sum(ks)
-        controller.record_step(
-            ks, passes_s, truth.target_base_s + truth.target_row_s * sum(k + 1 for k in ks)
-        )
+        draft_s = sum(truth.draft_pass_seconds(n) for n in draft_passes(ks))
+        controller.record_step(ks, draft_s, truth.target_seconds(sum(k + 1 for k in ks)))
     return chosen
 
 
@@ -123,9 +173,23 @@ def test_it_drafts_when_it_pays_and_stops_when_it_does_not() -> None:
     assert sum(k > 0 for k in loses[20:]) <= 180 // 32 + 1  # only the exploration steps draft
 
 
-def test_exploration_drafts_for_a_few_rotating_sequences_only() -> None:
+def test_no_exploration_where_drafting_could_not_come_near_paying() -> None:
+    # ``never``: even accepting everything, drafting loses by far more than 10 %: nothing to learn
     never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
     controller = GoodputController(warmup_steps=2, explore_every=8, max_explore_every=8)
+    chosen = drive(controller, never, accept=0.85, batch=8, steps=200)
+    assert not any(chosen[20:]) and controller._explorations == 0
+    # drafting a little worse than plain at 85 % acceptance, but within reach at 90 %: explore
+    near = StepCost(target_base_s=0.030, target_row_s=0.0005, draft_pass_s=0.022, draft_seq_s=0.0)
+    controller = GoodputController(warmup_steps=2, explore_every=8, max_explore_every=8)
+    drive(controller, near, accept=0.5, batch=2, steps=200)
+    assert controller._explorations >= 150 // 8
+
+
+# the mechanics of exploring, wherever it happens (``explore_margin=1.0``: whatever the model says)
+def test_exploration_drafts_for_a_few_rotating_sequences_only() -> None:
+    never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
+    controller = GoodputController(warmup_steps=2, explore_every=8, max_explore_every=8, explore_margin=1.0)
     drive(controller, never, accept=0.85, batch=16, steps=40)  # warm: the model says plain
     drafted_steps = []
     for _ in range(64):
@@ -139,7 +203,9 @@ def test_exploration_drafts_for_a_few_rotating_sequences_only() -> None:
 
 def test_exploration_backs_off_while_plain_wins_and_resets_when_drafting_pays() -> None:
     never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
-    controller = GoodputController(warmup_steps=2, explore_every=16, max_explore_every=1024)
+    controller = GoodputController(
+        warmup_steps=2, explore_every=16, max_explore_every=1024, explore_margin=1.0
+    )
     drive(controller, never, accept=0.85, batch=4, steps=2000)
     # intervals 16, 32, 64, ... 1024: about a dozen explorations in 2000 steps, not 2000 / 16
     assert 5 <= controller._explorations <= 12
@@ -154,7 +220,7 @@ def test_exploration_backs_off_while_plain_wins_and_resets_when_drafting_pays() 
 
 def test_exploration_is_skipped_when_catching_up_would_cost_too_much() -> None:
     never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
-    controller = GoodputController(warmup_steps=2, explore_every=8, max_explore_every=8)
+    controller = GoodputController(warmup_steps=2, explore_every=8, max_explore_every=8, explore_margin=1.0)
     drive(controller, never, accept=0.85, batch=4, steps=40)
     controller.record_step([4, 0, 0, 0], 0.14 + 0.5, None, catch_up_tokens=500)  # 1 ms a token
     controller.record_step([4, 0, 0, 0], 0.14 + 0.05, None, catch_up_tokens=50)
@@ -173,7 +239,7 @@ def test_exploration_is_skipped_when_catching_up_would_cost_too_much() -> None:
 
 def test_exploration_picks_the_sequences_whose_draft_cache_lags_least() -> None:
     never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
-    controller = GoodputController(warmup_steps=2, explore_every=4, max_explore_every=4)
+    controller = GoodputController(warmup_steps=2, explore_every=4, max_explore_every=4, explore_margin=1.0)
     drive(controller, never, accept=0.85, batch=6, steps=40)
     lags = [400, 300, 0, 200, 0, 500]
     explored = []
@@ -187,7 +253,9 @@ def test_no_exploration_whose_catch_up_costs_more_than_a_step() -> None:
     # a long prompt's catch-up would cost a short run several percent at once: explore without it,
     # or not at all (here the catch-up cost is not measured yet: a target row's cost stands in)
     never = StepCost(target_base_s=0.030, target_row_s=0.010, draft_pass_s=0.030, draft_seq_s=0.005)
-    controller = GoodputController(warmup_steps=2, explore_every=4, max_explore_every=4, explore_budget=1.0)
+    controller = GoodputController(
+        warmup_steps=2, explore_every=4, max_explore_every=4, explore_budget=1.0, explore_margin=1.0
+    )
     drive(controller, never, accept=0.85, batch=6, steps=40)
     step_s = never.target_base_s + never.target_row_s * 6  # one plain step: catch up <= 9 tokens
     for lags, allowed in (([400, 300, 200, 500, 40, 600], set()), ([400, 300, 8, 200, 40, 500], {2})):

@@ -8,11 +8,15 @@ free n-gram lookup). So both sides are measured while serving:
 
 * acceptance, per request: the conditional rate at which draft position j is accepted when the
   ones before it were, from the request's own rounds, shrunk towards the rate over all requests;
-* cost, per step: a linear model of the step's time from what it did — target time = a + b x rows
-  (rows = sum of k + 1), draft time = c x passes + d x drafted positions + e x tokens a draft cache
-  caught up on — fitted by non-negative least squares over the last steps. Draft caches fill
-  lazily, so a request that starts drafting late first pays e x its lag; that one-off is spread over
-  the tokens it has left when weighing whether to start.
+* cost, per step: a model of the step's time from what it did, fitted over the last steps. A
+  forward pass (the target's verify pass over rows = sum of k + 1; each draft pass over the
+  sequences drafting that position) costs a fixed part until its rows make it compute-bound and a
+  part per row past that knee: ``base + per_row x max(0, rows - knee)``. A straight line through
+  such a curve overstates small passes and understates large ones, which made drafting look cheap
+  exactly where a CPU's verify pass turns compute-bound; the knee is fitted too (the best of a few
+  candidates). A draft model's cache also catches up on tokens it missed (``e`` per token). Draft
+  caches fill lazily, so a request that starts drafting late first pays e x its lag; that one-off
+  is spread over the tokens it has left when weighing whether to start.
 
 ``choose_ks`` (pure, testable with hand-made tables) picks each request's k to maximise expected
 tokens per second of the step; k = 0 everywhere when drafting does not pay. The choice changes speed
@@ -22,33 +26,48 @@ only: the output is the target's either way.
 from __future__ import annotations
 
 import itertools
-from collections import Counter, deque
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+MAX_KNEES = 12  # candidate knees per fit: the fit runs every few steps
 
 
 @dataclass(frozen=True)
 class StepCost:
     """Seconds of one step as a function of its plan."""
 
-    target_base_s: float  # a verify pass with no rows (weights read once per pass)
-    target_row_s: float  # per verified row (k + 1 per sequence)
+    target_base_s: float  # a verify pass up to ``target_knee`` rows (weights read once per pass)
+    target_row_s: float  # per verified row (k + 1 per sequence) past the knee
     draft_pass_s: float = 0.0  # per draft position (one batched draft forward)
-    draft_seq_s: float = 0.0  # per sequence and draft position
+    draft_seq_s: float = 0.0  # per sequence in a draft pass, past ``draft_knee`` sequences
     # per verified token a draft model's cache feeds before drafting (once per catch-up, so not
     # part of ``seconds``: the caller spreads it over the rounds it enables)
     catch_up_token_s: float = 0.0
+    target_knee: int = 0
+    draft_knee: int = 0
+
+    def target_seconds(self, rows: int) -> float:
+        return self.target_base_s + self.target_row_s * max(0, rows - self.target_knee)
+
+    def draft_pass_seconds(self, sequences: int) -> float:
+        """One draft pass over ``sequences`` sequences (0: no pass)."""
+        if sequences <= 0:
+            return 0.0
+        return self.draft_pass_s + self.draft_seq_s * max(0, sequences - self.draft_knee)
 
     def seconds(self, ks: Sequence[int]) -> float:
-        rows = sum(k + 1 for k in ks)
-        return (
-            self.target_base_s
-            + self.target_row_s * rows
-            + self.draft_pass_s * max(ks, default=0)
-            + self.draft_seq_s * sum(ks)
+        return self.target_seconds(sum(k + 1 for k in ks)) + sum(
+            self.draft_pass_seconds(n) for n in draft_passes(ks)
         )
+
+
+def draft_passes(ks: Sequence[int]) -> list[int]:
+    """Sequences in each draft pass: pass j drafts position j for every sequence with k > j."""
+    return [sum(k > j for k in ks) for j in range(max(ks, default=0))]
 
 
 def expected_tokens(accept: Sequence[float], k: int) -> float:
@@ -66,11 +85,14 @@ def choose_ks(
     max_ks: Sequence[int],
     cost: StepCost,
     start_s: Sequence[float] | None = None,
+    min_gain: float = 0.0,
 ) -> list[int]:
     """Each sequence's k in [0, max_k] maximising (sum of expected tokens) / (step seconds).
 
     ``start_s[i]``: seconds added to the step if sequence i drafts at all (its share of a draft
-    cache catching up; 0 when there is none).
+    cache catching up; 0 when there is none). ``min_gain``: drafting must promise at least this
+    fraction more tokens per second than plain decoding of the whole step, else k = 0 everywhere
+    (the model's estimates err: where the promise is thin, plain is the safe side).
 
     Coordinate ascent: each sequence in turn takes the k that is best given the others', until
     nothing changes (a few passes; ties keep the smaller k). The step's cost is updated
@@ -88,45 +110,44 @@ def choose_ks(
     # wins: start from the best uniform plan (every sequence at the same k, capped by its max)
     starts = [[min(k, m) for m in max_ks] for k in range(max(max_ks) + 1)]
     ks = max(starts, key=lambda plan: sum(g[k] for g, k in zip(gains, plan)) / seconds(plan))
-    counts = Counter(ks)
+    passes = draft_passes(ks) + [0] * (max(max_ks) - max(ks))  # sequences per draft position
     tokens = sum(g[k] for g, k in zip(gains, ks))
-    rows, positions = sum(k + 1 for k in ks), sum(ks)
+    rows = sum(k + 1 for k in ks)
     extra = sum(s for s, k in zip(start, ks) if k)
     best = tokens / seconds(ks)
     for _ in range(4):
         changed = False
         for i in range(n):
             current = ks[i]
-            counts[current] -= 1
-            passes_others = max((k for k, c in counts.items() if c > 0), default=0)
+            for j in range(current):
+                passes[j] -= 1
             base_tokens = tokens - gains[i][current]
-            base_rows, base_positions = rows - current - 1, positions - current
+            base_rows = rows - current - 1
             base_extra = extra - (start[i] if current else 0.0)
+            draft_s = sum(cost.draft_pass_seconds(m) for m in passes)  # the others' passes
             choice, choice_value = current, best
             for k in range(max_ks[i] + 1):
+                if k:  # this sequence joins pass k - 1
+                    draft_s += cost.draft_pass_seconds(passes[k - 1] + 1) - cost.draft_pass_seconds(
+                        passes[k - 1]
+                    )
                 step_s = (
-                    cost.target_base_s
-                    + cost.target_row_s * (base_rows + k + 1)
-                    + cost.draft_pass_s * max(passes_others, k)
-                    + cost.draft_seq_s * (base_positions + k)
-                    + base_extra
-                    + (start[i] if k else 0.0)
+                    cost.target_seconds(base_rows + k + 1) + draft_s + base_extra + (start[i] if k else 0.0)
                 )
                 value = (base_tokens + gains[i][k]) / step_s
                 if value > choice_value * (1 + 1e-9) or (k < choice and value >= choice_value):
                     choice, choice_value = k, value
-            counts[choice] += 1
+            for j in range(choice):
+                passes[j] += 1
             if choice != current:
                 ks[i] = choice
-                tokens, rows, positions = (
-                    base_tokens + gains[i][choice],
-                    base_rows + choice + 1,
-                    base_positions + choice,
-                )
+                tokens, rows = base_tokens + gains[i][choice], base_rows + choice + 1
                 extra = base_extra + (start[i] if choice else 0.0)
                 best, changed = choice_value, True
         if not changed:
             break
+    if any(ks) and best < (1 + min_gain) * n / seconds([0] * n):
+        return [0] * n
     return ks
 
 
@@ -160,7 +181,13 @@ class GoodputController:
     at the requested k whatever the model says, so that the draft cost and acceptance stay measured
     while the model prefers plain. Such a step costs (a draft cache catches up), so the interval
     doubles, up to ``max_explore_every``, each time the model chose plain all along since the last
-    one, and falls back to ``explore_every`` as soon as the model drafts on its own.
+    one, and falls back to ``explore_every`` as soon as the model drafts on its own. Only where
+    drafting could come near paying (``_could_pay``: within ``explore_margin`` of plain even with
+    acceptance as high as ``hopeful_accept``): far from it, the cost side decides and is measured.
+
+    Drafting is chosen only where the model promises at least ``min_gain`` more tokens per second
+    than plain: near break-even its errors decide the sign, and a loss there is what users of other
+    stacks see under load.
     """
 
     def __init__(
@@ -170,6 +197,9 @@ class GoodputController:
         explore_every: int = 256,
         max_explore_every: int = 8192,
         explore_budget: float = 0.01,
+        min_gain: float = 0.03,
+        explore_margin: float = 0.1,
+        hopeful_accept: float = 0.9,
         prior_rate: float = 0.6,
         prior_strength: float = 3.0,
     ) -> None:
@@ -178,27 +208,35 @@ class GoodputController:
         self.explore_every = explore_every
         self.max_explore_every = max_explore_every
         self.explore_budget = explore_budget
+        self.min_gain = min_gain
+        self.explore_margin = explore_margin
+        self.hopeful_accept = hopeful_accept
         self._explore_interval = explore_every
         self._next_explore = explore_every
         self._drafted_since_explore = False
         self._explorations = 0
         self.prior_rate = prior_rate
         self.prior_strength = prior_strength
-        # the last ``window`` samples of each shape: (rows) -> verify seconds, (draft passes, drafted
-        # positions) -> draft seconds, and catch-up steps. Kept per shape, because a batch that runs
+        # the last ``window`` samples of each shape: (rows) -> verify seconds, (sequences in each draft
+        # pass) -> draft seconds, and catch-up steps. Kept per shape, because a batch that runs
         # plain for a long while repeats one shape; a plain sliding window would then forget what
         # more rows cost, and the fit could no longer tell a pass's fixed cost from a row's
         self._verify_samples: dict[int, deque[float]] = {}
-        self._draft_samples: dict[tuple[int, int], deque[float]] = {}
-        self._catch_up_samples: deque[tuple[int, int, int, float]] = deque(maxlen=window)
+        self._draft_samples: dict[tuple[int, ...], deque[float]] = {}
+        self._catch_up_samples: deque[tuple[tuple[int, ...], int, float]] = deque(maxlen=window)
         self._global = _Acceptance()
         self._requests: dict[int, _Acceptance] = {}
         self._decisions = 0
         self._drafted_steps = 0
         self._plain_steps = 0
         self.cost: StepCost | None = None
-        self.refit_every = 4
+        # refitting is the controller's main cost (about a millisecond): a shape not seen before is
+        # news (the model may have been extrapolating there), more samples of known shapes only
+        # move their medians
+        self.refit_new_shape_every = 4
+        self.refit_every = 16
         self._samples = 0
+        self._new_shape = False
 
     # -- choice --------------------------------------------------------------------------------
     def choose(
@@ -230,7 +268,7 @@ class GoodputController:
                 self.cost.catch_up_token_s * lag / max(1.0, left / expected_tokens(a, k))
                 for lag, left, a, k in zip(lags, remaining, accepts, max_ks)
             ]
-        ks = choose_ks(accepts, max_ks, self.cost, start_s)
+        ks = choose_ks(accepts, max_ks, self.cost, start_s, self.min_gain)
         if any(ks):  # drafting pays again: explore at the base rate from now on
             self._drafted_since_explore = True
             self._explore_interval = self.explore_every
@@ -240,8 +278,24 @@ class GoodputController:
                 self._explore_interval = min(2 * self._explore_interval, self.max_explore_every)
             self._next_explore = self._decisions + self._explore_interval
             self._drafted_since_explore = False
-            ks = self._explore(ks, max_ks, lags)
+            if any(ks) or self._could_pay(accepts, max_ks, self.cost):
+                ks = self._explore(ks, max_ks, lags)
         return ks
+
+    def _could_pay(self, accepts: Sequence[Sequence[float]], max_ks: Sequence[int], cost: StepCost) -> bool:
+        """Whether drafting could come near paying here: the best plan drafting the same k for all,
+        with every acceptance at least ``hopeful_accept``, within ``explore_margin`` of plain. Where
+        even that loses clearly (a compute-bound verify pass under load), the cost of drafting is
+        what decides, and measuring it again costs a draft catch-up for nothing."""
+        hopeful = [[max(a, self.hopeful_accept) for a in rates] for rates in accepts]
+        n = len(max_ks)
+        plain = n / cost.seconds([0] * n)
+        for k in range(1, max(max_ks) + 1):
+            plan = [min(k, m) for m in max_ks]
+            tokens = sum(expected_tokens(h, j) for h, j in zip(hopeful, plan))
+            if tokens / cost.seconds(plan) >= (1 - self.explore_margin) * plain:
+                return True
+        return False
 
     def _explore(self, ks: list[int], max_ks: Sequence[int], lags: Sequence[int] | None) -> list[int]:
         """One or two sequences (in turn, rotating over the batch; those whose draft cache lags
@@ -311,36 +365,75 @@ class GoodputController:
         if any(ks):
             self._drafted_steps += 1
             if catch_up_tokens:
-                self._catch_up_samples.append((max(ks), sum(ks), catch_up_tokens, draft_s))
+                self._catch_up_samples.append((tuple(draft_passes(ks)), catch_up_tokens, draft_s))
             else:
-                shape = (max(ks), sum(ks))
-                self._draft_samples.setdefault(shape, deque(maxlen=self.window)).append(draft_s)
+                self._sample(self._draft_samples, tuple(draft_passes(ks)), draft_s)
         elif verify_s is not None:
             self._plain_steps += 1
         if verify_s is not None:
-            rows = sum(k + 1 for k in ks)
-            self._verify_samples.setdefault(rows, deque(maxlen=self.window)).append(verify_s)
+            self._sample(self._verify_samples, sum(k + 1 for k in ks), verify_s)
         self._samples += 1
-        # refitting is the controller's main cost per step: every few steps is enough for a window
-        if self.cost is None or self._samples % self.refit_every == 0:
+        if (
+            self.cost is None
+            or self._samples % self.refit_every == 0
+            or (self._new_shape and self._samples % self.refit_new_shape_every == 0)
+        ):
             self.cost = self._fit()
+            self._new_shape = False
+
+    def _sample(self, samples: dict[Any, deque[float]], shape: Any, seconds: float) -> None:
+        if shape not in samples:
+            samples[shape] = deque(maxlen=self.window)
+            self._new_shape = True
+        samples[shape].append(seconds)
 
     def forget(self, seq_id: int) -> None:
         self._requests.pop(seq_id, None)
 
     def _fit(self) -> StepCost | None:
-        verify = [(rows, t) for rows, times in self._verify_samples.items() for t in times]
-        if len(verify) < 4:
+        """The cost model from the samples: each shape's median (a noisy machine's outliers do not
+        move it) weighted by how often it was seen; per pass, the knee that fits best."""
+        verify = [(rows, float(np.median(t)), len(t)) for rows, t in self._verify_samples.items()]
+        if sum(n for _, _, n in verify) < 4:
             return None
-        rows, verify_s = np.array(verify, dtype=np.float64).T
-        a, b = _nonneg_lstsq(np.column_stack([np.ones_like(rows), rows]), verify_s)
-        draft = [(p, q, 0, t) for (p, q), times in self._draft_samples.items() for t in times]
-        draft += list(self._catch_up_samples)
-        c = d = e = 0.0
-        if draft:
-            passes, positions, catch_up, draft_s = np.array(draft, dtype=np.float64).T
-            c, d, e = _nonneg_lstsq(np.column_stack([passes, positions, catch_up]), draft_s)
-        return StepCost(a, b, c, d, e)
+        rows, verify_s, weight = np.array(verify, dtype=np.float64).T
+        (a, b), target_knee = _fit_knee(
+            lambda knee: np.column_stack([np.ones_like(rows), np.maximum(rows - knee, 0)]),
+            verify_s,
+            weight,
+            rows,
+        )
+        c, d, e, draft_knee = self._fit_draft()
+        return StepCost(a, b, c, d, e, target_knee, draft_knee)
+
+    def _fit_draft(self) -> tuple[float, float, float, int]:
+        """(per pass, per sequence past the knee, per catch-up token, knee). The passes are fitted on
+        steps without a catch-up alone: a few long catch-ups, whose cost per token is itself
+        estimated, would otherwise decide what a second sequence in a pass costs. The catch-up
+        cost then comes from what those steps took beyond their passes."""
+        plain = [(shape, float(np.median(t)), len(t)) for shape, t in self._draft_samples.items()]
+        catch_up = list(self._catch_up_samples)
+        if not plain and not catch_up:
+            return 0.0, 0.0, 0.0, 0
+        if not plain:  # right after warm-up every drafted step caught up: passes and tokens jointly
+            x = np.array([[len(shape), tokens] for shape, tokens, _ in catch_up], dtype=np.float64)
+            (c, e), _ = _nonneg_lstsq(x, np.array([t for _, _, t in catch_up]))
+            return c, 0.0, e, 0
+        shapes = _padded([shape for shape, _, _ in plain])
+        passes = (shapes > 0).sum(axis=1).astype(np.float64)
+        (c, d), knee = _fit_knee(
+            lambda knee: np.column_stack([passes, np.maximum(shapes - knee, 0).sum(axis=1)]),
+            np.array([t for _, t, _ in plain]),
+            np.array([n for _, _, n in plain], dtype=np.float64),
+            shapes[shapes > 0],
+        )
+        e = 0.0
+        if catch_up:
+            cost = StepCost(0.0, 0.0, c, d, draft_knee=knee)
+            tokens = np.array([tokens for _, tokens, _ in catch_up], dtype=np.float64)
+            beyond = np.array([t - sum(map(cost.draft_pass_seconds, shape)) for shape, _, t in catch_up])
+            (e,), _ = _nonneg_lstsq(tokens[:, None], beyond)
+        return c, d, e, knee
 
 
 def _draft_at_cap(ks: list[int], max_ks: Sequence[int], chosen: Sequence[int]) -> list[int]:
@@ -349,10 +442,40 @@ def _draft_at_cap(ks: list[int], max_ks: Sequence[int], chosen: Sequence[int]) -
     return ks
 
 
-def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
+def _padded(shapes: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """Sequences per draft pass, one row per step, zero-padded to the longest."""
+    out = np.zeros((len(shapes), max(len(shape) for shape in shapes)), dtype=np.float64)
+    for i, shape in enumerate(shapes):
+        out[i, : len(shape)] = shape
+    return out
+
+
+def _fit_knee(
+    columns: Callable[[int], np.ndarray], y: np.ndarray, weight: np.ndarray, sizes: np.ndarray
+) -> tuple[tuple[float, ...], int]:
+    """Weighted non-negative least squares of ``y`` on ``columns(knee)`` for each candidate knee (0
+    and the pass sizes seen, at most ``MAX_KNEES`` of them): the best fit and its knee. Ties keep
+    the smaller knee."""
+    seen = np.unique(sizes[sizes > 0]).astype(int)
+    if len(seen) > MAX_KNEES:
+        seen = seen[np.linspace(0, len(seen) - 1, MAX_KNEES).round().astype(int)]
+    root = np.sqrt(weight)[:, None]
+    tolerance = 1e-9 * float(np.sum(weight * y**2))  # fits equal up to rounding: the smaller knee
+    best: tuple[float, tuple[float, ...], int] | None = None
+    for knee in [0, *seen.tolist()]:
+        x = columns(knee)
+        coef, residual = _nonneg_lstsq(x * root, y * root[:, 0])
+        if best is None or residual < best[0] - tolerance:
+            best = (residual, coef, knee)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[tuple[float, ...], float]:
     """Non-negative least squares for a handful of columns: the best fit over every subset of the
     columns whose own least-squares coefficients are all non-negative (the others held at 0). A
-    column the data cannot tell apart from the rest gets 0 rather than an arbitrary split."""
+    column the data cannot tell apart from the rest gets 0 rather than an arbitrary split. Returns
+    the coefficients and the residual sum of squares."""
     n = x.shape[1]
     best: tuple[float, tuple[float, ...]] = (float(np.sum(y**2)), (0.0,) * n)
     for size in range(1, n + 1):
@@ -367,4 +490,4 @@ def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
                 for j, value in zip(subset, coef):
                     full[j] = float(value)
                 best = (residual, tuple(full))
-    return best[1]
+    return best[1], best[0]
