@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from tiny import model_drafter, run_to_completion, spec_engine, tiny_engine, tokens_of
@@ -134,6 +135,20 @@ def test_catch_up_cost_is_learned_and_spread_over_what_is_left() -> None:
     # a long way to go amortises catching up; two tokens left do not
     assert controller.choose([0, 1], [4, 4], lags=[2, 300], remaining=[500, 500])[1] > 0
     assert controller.choose([0, 1], [4, 4], lags=[2, 300], remaining=[500, 2]) == [4, 0]
+
+
+def test_no_catch_up_started_just_before_the_batch_grows_past_paying() -> None:
+    # drafting pays at one sequence and not at eight (KNEED); a lone sequence whose draft cache
+    # lacks its prompt starts drafting, amortising the catch-up over its 500 tokens to go, unless
+    # seven requests are about to join: then it would draft a round or two for the whole catch-up
+    controller = GoodputController(warmup_steps=2, explore_every=10_000)
+    for batch in (1, 8):
+        drive(controller, KNEED, accept=0.9, batch=batch, steps=60)
+    controller.cost = replace(KNEED, catch_up_token_s=0.001)  # the truth, catching up at 1 ms a token
+    assert controller.choose([0], [4], lags=[200], remaining=[500]) == [4]
+    assert controller.choose([0], [4], lags=[200], remaining=[500], joining=7) == [0]
+    # its cache already in step: nothing to catch up on, it drafts until the others arrive
+    assert controller.choose([0], [4], lags=[1], remaining=[500], joining=7) == [4]
 
 
 # -- the online estimates -----------------------------------------------------------------------------

@@ -244,11 +244,14 @@ class Scheduler:
         if not free:
             return steps
         seqs = [self._seq(steps[i].seq_id) for i in free]
+        prefilling = sum(s.is_prompt_chunk for s in steps)
+        room = max(0, self.config.max_batch_size - len(self.running))
         ks = self.controller.choose(
             [steps[i].seq_id for i in free],
             [steps[i].num_draft_tokens for i in free],
             lags=[s.num_tokens - s.draft_synced for s in seqs],
             remaining=[s.remaining_tokens for s in seqs],
+            joining=prefilling + min(len(self.waiting), room),
         )
         steps = list(steps)
         for i, k in zip(free, ks):

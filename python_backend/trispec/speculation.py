@@ -245,10 +245,12 @@ class GoodputController:
         max_ks: Sequence[int],
         lags: Sequence[int] | None = None,
         remaining: Sequence[int] | None = None,
+        joining: int = 0,
     ) -> list[int]:
         """k per sequence. ``lags[i]``: tokens sequence i's draft cache lacks (what drafting now
         would first feed it); ``remaining[i]``: tokens it may still generate, over which that
-        one-time catch-up is spread when weighing whether to start drafting."""
+        one-time catch-up is spread when weighing whether to start drafting; ``joining``: requests
+        about to join the batch (prefilling, or queued with room to run)."""
         self._decisions += 1
         if not any(max_ks):
             return [0] * len(max_ks)
@@ -268,6 +270,8 @@ class GoodputController:
                 self.cost.catch_up_token_s * lag / max(1.0, left / expected_tokens(a, k))
                 for lag, left, a, k in zip(lags, remaining, accepts, max_ks)
             ]
+            if joining:
+                start_s = self._unless_it_keeps_drafting(accepts, max_ks, lags, start_s, joining, glob)
         ks = choose_ks(accepts, max_ks, self.cost, start_s, self.min_gain)
         if any(ks):  # drafting pays again: explore at the base rate from now on
             self._drafted_since_explore = True
@@ -281,6 +285,25 @@ class GoodputController:
             if any(ks) or self._could_pay(accepts, max_ks, self.cost):
                 ks = self._explore(ks, max_ks, lags)
         return ks
+
+    def _unless_it_keeps_drafting(
+        self,
+        accepts: list[list[float]],
+        max_ks: Sequence[int],
+        lags: Sequence[int],
+        start_s: list[float],
+        joining: int,
+        glob: list[float],
+    ) -> list[float]:
+        """Spreading a catch-up over the rest of a request assumes it keeps drafting. When the batch
+        is about to grow (a closed loop's ramp-up, a burst of arrivals) to where drafting would not
+        pay for it, it would not: starting now costs the whole catch-up for a round or two."""
+        assert self.cost is not None
+        cap = max(max_ks)
+        future = choose_ks(
+            accepts + [glob] * joining, [*max_ks, *[cap] * joining], self.cost, None, self.min_gain
+        )
+        return [s if future[i] else self.cost.catch_up_token_s * lags[i] for i, s in enumerate(start_s)]
 
     def _could_pay(self, accepts: Sequence[Sequence[float]], max_ks: Sequence[int], cost: StepCost) -> bool:
         """Whether drafting could come near paying here: the best plan drafting the same k for all,
