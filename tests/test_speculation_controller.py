@@ -99,6 +99,18 @@ def test_a_verify_pass_that_turns_compute_bound_stops_drafting_past_the_knee() -
     assert choose_ks([[0.8]] * 8, [4] * 8, KNEED) == [0] * 8  # 40 rows cost 68 ms: it does not
 
 
+def test_a_drafter_that_is_mostly_free_costs_its_expectation() -> None:
+    # suffix decoding before a model: four steps in five the suffix index proposes (free), the fifth
+    # the model drafts (100 ms); what a step of drafting costs on average is 20 ms, not 0
+    controller = GoodputController(warmup_steps=0)
+    for step in range(40):
+        controller.record_step([4], 0.1 if step % 5 == 4 else 0.0, 0.03)
+        controller.record_step([0], 0.0, 0.03)
+    cost = controller._fit()
+    assert cost is not None
+    assert cost.seconds([4]) - cost.seconds([0]) == pytest.approx(0.02, rel=0.05)
+
+
 def test_the_knee_is_learned_from_step_timings() -> None:
     controller = GoodputController(warmup_steps=2, explore_every=4, max_explore_every=4)
     for batch in (1, 2, 4, 8, 16):

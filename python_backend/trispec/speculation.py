@@ -414,9 +414,10 @@ class GoodputController:
         self._requests.pop(seq_id, None)
 
     def _fit(self) -> StepCost | None:
-        """The cost model from the samples: each shape's median (a noisy machine's outliers do not
-        move it) weighted by how often it was seen; per pass, the knee that fits best."""
-        verify = [(rows, float(np.median(t)), len(t)) for rows, t in self._verify_samples.items()]
+        """The cost model from the samples: each shape's mean weighted by how often it was seen (the
+        mean, not the median: a drafter that is sometimes free and sometimes not, suffix decoding
+        before a model, costs its expectation); per pass, the knee that fits best."""
+        verify = [(rows, float(np.mean(t)), len(t)) for rows, t in self._verify_samples.items()]
         if sum(n for _, _, n in verify) < 4:
             return None
         rows, verify_s, weight = np.array(verify, dtype=np.float64).T
@@ -434,7 +435,7 @@ class GoodputController:
         steps without a catch-up alone: a few long catch-ups, whose cost per token is itself
         estimated, would otherwise decide what a second sequence in a pass costs. The catch-up
         cost then comes from what those steps took beyond their passes."""
-        plain = [(shape, float(np.median(t)), len(t)) for shape, t in self._draft_samples.items()]
+        plain = [(shape, float(np.mean(t)), len(t)) for shape, t in self._draft_samples.items()]
         catch_up = list(self._catch_up_samples)
         if not plain and not catch_up:
             return 0.0, 0.0, 0.0, 0
