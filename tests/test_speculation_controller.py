@@ -163,6 +163,58 @@ def test_no_catch_up_started_just_before_the_batch_grows_past_paying() -> None:
     assert controller.choose([0], [4], lags=[1], remaining=[500], joining=7) == [4]
 
 
+# measured on a 2-core CPU (SmolLM2-135M, its int8 self-draft): a verify pass, a draft pass, and a
+# draft cache catching up at about a millisecond a token (a second prefill of the prompt)
+SMOL = StepCost(target_base_s=0.0233, target_row_s=0.00055, draft_pass_s=0.0111, catch_up_token_s=0.001)
+
+
+def test_a_catch_up_starts_only_where_drafting_pays_with_every_newcomer_catching_up() -> None:
+    # two sequences, one in step, one whose draft cache lacks a 300-token prompt, 64 tokens to go.
+    # Judged alone, the newcomer's catch-up looks paid for by the draft passes the other already
+    # runs; but the other leaves soon and whoever takes its place catches up too, and with every
+    # request paying a catch-up drafting loses here: the newcomer stays plain
+    controller = GoodputController(warmup_steps=2, explore_every=10_000)
+    drive(controller, SMOL, accept=0.95, batch=2, steps=60)
+    controller.cost = SMOL
+    accepts = [controller.acceptance(i) for i in (0, 1)]
+    share = SMOL.catch_up_token_s * 300 / (64 / expected_tokens(accepts[1], 4))
+    assert choose_ks(accepts, [4, 4], SMOL, start_s=[0.0, share]) == [4, 4]  # one step's view
+    assert controller.choose([0, 1], [4, 4], lags=[2, 300], remaining=[64, 64])[1] == 0
+    # a long output amortises the catch-up even in the steady state
+    assert controller.choose([0, 1], [4, 4], lags=[2, 300], remaining=[500, 500]) == [4, 4]
+    # nobody to catch up: both draft
+    assert controller.choose([0, 1], [4, 4], lags=[2, 2], remaining=[64, 64]) == [4, 4]
+
+
+def test_drafting_that_measured_slower_than_plain_stops_at_that_batch_size() -> None:
+    # the model believes drafting pays (CHEAP); the steps say otherwise at two sequences, where a
+    # drafting step of 9 tokens takes 0.2 s against plain's 0.031 s for 2
+    controller = GoodputController(warmup_steps=2, explore_every=10_000)
+    drive(controller, CHEAP, accept=0.9, batch=1, steps=20)
+    controller._fit = lambda: CHEAP  # type: ignore[method-assign]  # the model keeps its belief
+    controller.cost = CHEAP
+    stopped_at = None
+    for step in range(100):
+        ks = controller.choose([0, 1], [4, 4])
+        if not any(ks):
+            stopped_at = step
+            break
+        controller.record_step(ks, 0.1, 0.1, tokens=9)
+    assert stopped_at == controller.realised.min_drafted
+    assert controller.choose([0], [4]) == [4]  # one sequence: nothing measured against it
+    # plain at two sequences for ``hold`` decisions, then drafting is tried again
+    held = [any(controller.choose([0, 1], [4, 4])) for _ in range(controller.realised.hold + 5)]
+    assert not any(held[: controller.realised.hold - 5]) and any(held[-5:])
+
+
+def test_warm_up_and_exploration_steps_are_not_the_models_choice_to_check() -> None:
+    controller = GoodputController(warmup_steps=100)
+    for _ in range(100):  # warm-up: forced drafting steps that lose badly
+        ks = controller.choose([0, 1], [4, 4])
+        controller.record_step(ks, 0.5 if any(ks) else 0.0, 0.03, tokens=2 + sum(ks))
+    assert all(controller.realised.allows(2, d) for d in range(1000))
+
+
 # -- the online estimates -----------------------------------------------------------------------------
 def drive(controller: GoodputController, truth: StepCost, accept: float, batch: int, steps: int) -> list[int]:
     """Run ``steps`` decisions for a fixed batch whose drafts are accepted with rate ``accept``, timing

@@ -388,7 +388,8 @@ class Scheduler:
         )
         # prompt rows make the target pass's time say nothing about verifying; the draft time stays
         verify_s = None if prompt_rows else result.verify_time_s
-        self.controller.record_step(ks, result.draft_time_s, verify_s, result.draft_catch_up_tokens)
+        tokens = sum(len(result.results[s.seq_id].new_token_ids) for s in decodes)
+        self.controller.record_step(ks, result.draft_time_s, verify_s, result.draft_catch_up_tokens, tokens)
 
     def _apply(self, seq: Sequence, result: SeqResult, planned_k: int) -> RequestOutput:
         """Account, emit and finish one sequence after its verify."""

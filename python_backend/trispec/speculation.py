@@ -33,7 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from trispec.realised import RealisedGoodput
+
 MAX_KNEES = 12  # candidate knees per fit: the fit runs every few steps
+# a drafting sequence's draft cache lacks at most its last verified token and last accepted draft
+IN_STEP_LAG = 2
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,11 @@ class GoodputController:
 
     Drafting is chosen only where the model promises at least ``min_gain`` more tokens per second
     than plain: near break-even its errors decide the sign, and a loss there is what users of other
-    stacks see under load.
+    stacks see under load. A sequence whose draft cache must catch up starts drafting only where
+    drafting would pay ``start_gain`` with every sequence paying such a catch-up (``_starts_that_pay``).
+    And only at batch sizes where the model's drafting steps delivered
+    (``realised``): where they measured slower than plain steps of the same size, that size runs plain
+    for a while whatever the model promises.
     """
 
     def __init__(
@@ -198,6 +206,7 @@ class GoodputController:
         max_explore_every: int = 8192,
         explore_budget: float = 0.01,
         min_gain: float = 0.03,
+        start_gain: float = 0.1,
         explore_margin: float = 0.1,
         hopeful_accept: float = 0.9,
         prior_rate: float = 0.6,
@@ -209,6 +218,7 @@ class GoodputController:
         self.max_explore_every = max_explore_every
         self.explore_budget = explore_budget
         self.min_gain = min_gain
+        self.start_gain = start_gain
         self.explore_margin = explore_margin
         self.hopeful_accept = hopeful_accept
         self._explore_interval = explore_every
@@ -237,6 +247,8 @@ class GoodputController:
         self.refit_every = 16
         self._samples = 0
         self._new_shape = False
+        self.realised = RealisedGoodput()
+        self._forced = False  # this step's drafting was warm-up or exploration, not the model's choice
 
     # -- choice --------------------------------------------------------------------------------
     def choose(
@@ -252,6 +264,7 @@ class GoodputController:
         one-time catch-up is spread when weighing whether to start drafting; ``joining``: requests
         about to join the batch (prefilling, or queued with room to run)."""
         self._decisions += 1
+        self._forced = False
         if not any(max_ks):
             return [0] * len(max_ks)
         warm = self._drafted_steps >= self.warmup_steps and self._plain_steps >= self.warmup_steps
@@ -259,8 +272,10 @@ class GoodputController:
             # drafting first, then plain, until both were seen often enough
             if self._drafted_steps > self._plain_steps:
                 return [0] * len(max_ks)
+            self._forced = True
             return _draft_at_cap([0] * len(max_ks), max_ks, self._few(max_ks, lags, self._drafted_steps))
         if self.cost is None:
+            self._forced = True
             return list(max_ks)
         glob = self._rates(self._global, None)
         accepts = [self.acceptance(i, glob) for i in seq_ids]
@@ -270,9 +285,10 @@ class GoodputController:
                 self.cost.catch_up_token_s * lag / max(1.0, left / expected_tokens(a, k))
                 for lag, left, a, k in zip(lags, remaining, accepts, max_ks)
             ]
-            if joining:
-                start_s = self._unless_it_keeps_drafting(accepts, max_ks, lags, start_s, joining, glob)
+            start_s = self._starts_that_pay(accepts, max_ks, lags, start_s, joining, glob)
         ks = choose_ks(accepts, max_ks, self.cost, start_s, self.min_gain)
+        if any(ks) and not self.realised.allows(len(ks), self._decisions):
+            ks = [0] * len(ks)
         if any(ks):  # drafting pays again: explore at the base rate from now on
             self._drafted_since_explore = True
             self._explore_interval = self.explore_every
@@ -286,7 +302,7 @@ class GoodputController:
                 ks = self._explore(ks, max_ks, lags)
         return ks
 
-    def _unless_it_keeps_drafting(
+    def _starts_that_pay(
         self,
         accepts: list[list[float]],
         max_ks: Sequence[int],
@@ -295,15 +311,31 @@ class GoodputController:
         joining: int,
         glob: list[float],
     ) -> list[float]:
-        """Spreading a catch-up over the rest of a request assumes it keeps drafting. When the batch
-        is about to grow (a closed loop's ramp-up, a burst of arrivals) to where drafting would not
-        pay for it, it would not: starting now costs the whole catch-up for a round or two."""
+        """Spreading a catch-up over the rest of a request is right once it drafts; whether to start
+        is a question about the steady state. The sequences whose draft passes it would share leave,
+        and those taking their place (and any about to join) catch up too: judged one step at a
+        time, each newcomer's catch-up looked paid for by passes its predecessors' catch-ups had
+        bought (measured: every request of a two-request closed loop on long prompts caught up,
+        and drafting lost to plain). So a sequence starts only where drafting still pays with every
+        sequence bearing a catch-up share: its own, or, for one already in step or about to join,
+        the mean share of those starting, and promising ``start_gain`` over plain: a catch-up is
+        spent at once, and the model's error near break-even (about 10 % measured on a 2-core CPU
+        at two sequences) would decide the sign. Otherwise its whole catch-up counts, which keeps
+        it plain."""
         assert self.cost is not None
+        starting = {i for i, lag in enumerate(lags) if lag > IN_STEP_LAG and max_ks[i]}
+        if not starting:
+            return start_s
+        typical = sum(start_s[i] for i in starting) / len(starting)
+        shares = [s if i in starting else typical for i, s in enumerate(start_s)] + [typical] * joining
         cap = max(max_ks)
-        future = choose_ks(
-            accepts + [glob] * joining, [*max_ks, *[cap] * joining], self.cost, None, self.min_gain
+        steady = choose_ks(
+            accepts + [glob] * joining, [*max_ks, *[cap] * joining], self.cost, shares, self.start_gain
         )
-        return [s if future[i] else self.cost.catch_up_token_s * lags[i] for i, s in enumerate(start_s)]
+        return [
+            self.cost.catch_up_token_s * lags[i] if i in starting and not steady[i] else s
+            for i, s in enumerate(start_s)
+        ]
 
     def _could_pay(self, accepts: Sequence[Sequence[float]], max_ks: Sequence[int], cost: StepCost) -> bool:
         """Whether drafting could come near paying here: the best plan drafting the same k for all,
@@ -342,6 +374,7 @@ class GoodputController:
             if not order or per_token_s * sum(lags[i] for i in order) > budget_s:
                 return ks
         self._explorations += 1
+        self._forced = True
         return _draft_at_cap(ks, max_ks, order)
 
     @staticmethod
@@ -380,11 +413,20 @@ class GoodputController:
             self._global.record(drafted, accepted, decay=0.995)  # follows drift in the mix
 
     def record_step(
-        self, ks: Sequence[int], draft_s: float, verify_s: float | None, catch_up_tokens: int = 0
+        self,
+        ks: Sequence[int],
+        draft_s: float,
+        verify_s: float | None,
+        catch_up_tokens: int = 0,
+        tokens: int | None = None,
     ) -> None:
         """A decode step's timing: ``verify_s`` only when every sequence fed just its pending token
         (None when prompt rows rode along, which say nothing about verify cost); ``catch_up_tokens``
-        verified tokens the draft model fed before drafting (its cache catching up)."""
+        verified tokens the draft model fed before drafting (its cache catching up); ``tokens`` the
+        step emitted (what the realised check weighs)."""
+        forced, self._forced = self._forced, False
+        if tokens is not None and not (forced and any(ks)):
+            self._check_realised(ks, draft_s, verify_s, tokens)
         if any(ks):
             self._drafted_steps += 1
             if catch_up_tokens:
@@ -403,6 +445,18 @@ class GoodputController:
         ):
             self.cost = self._fit()
             self._new_shape = False
+
+    def _check_realised(self, ks: Sequence[int], draft_s: float, verify_s: float | None, tokens: int) -> None:
+        """Feed the realised check. A drafting step that prefilled a prompt alongside still counts,
+        with the model's verify time for its decode rows: a draft cache mostly catches up right
+        after a request joins, which is when other prompts are prefilling, and leaving those steps
+        out would leave out much of what drafting costs."""
+        if verify_s is None:
+            if not any(ks) or self.cost is None:
+                return
+            verify_s = self.cost.target_seconds(sum(k + 1 for k in ks))
+        plain_s = self.cost.seconds([0] * len(ks)) if self.cost is not None else None
+        self.realised.record(len(ks), any(ks), tokens, draft_s + verify_s, self._decisions, plain_s)
 
     def _sample(self, samples: dict[Any, deque[float]], shape: Any, seconds: float) -> None:
         if shape not in samples:
