@@ -244,7 +244,8 @@ class Scheduler:
         if not free:
             return steps
         seqs = [self._seq(steps[i].seq_id) for i in free]
-        prefilling = sum(s.is_prompt_chunk for s in steps)
+        # running but not decoding yet: a prompt chunk this step, or none when the prefill budget ran out
+        prefilling = len(self.running) - sum(not s.is_prompt_chunk for s in steps)
         room = max(0, self.config.max_batch_size - len(self.running))
         ks = self.controller.choose(
             [steps[i].seq_id for i in free],
