@@ -12,7 +12,7 @@ from tiny import TINY_VOCAB, model_drafter, spec_engine, tiny_engine
 from trispec.bench import workloads
 from trispec.bench.arms import Arm, default_drafters, make_arms, variant
 from trispec.bench.closed_loop import LoopResult, run_closed_loop
-from trispec.bench.speculative import main, parse_ints, row
+from trispec.bench.speculative import _combined_runs, main, parse_ints, row
 from trispec.config import SpecDecConfig, load_config
 from trispec.drafters.ngram import NgramDrafter
 from trispec.errors import ConfigError
@@ -196,5 +196,15 @@ def test_repeats_merge_into_one_result() -> None:
     assert merged.stats.draft_tokens == 3 * runs[0].stats.draft_tokens
     assert merged.stats.drafted_per_position == [3 * n for n in runs[0].stats.drafted_per_position]
     assert merged.repeats_agree and len(merged.ttft_s) == 3 * len(PROMPTS)
+    assert merged.tok_s_runs == pytest.approx([r.tok_s for r in runs])  # each repeat's own rate
+    assert min(merged.tok_s_runs) <= merged.tok_s <= max(merged.tok_s_runs)
     runs[1].token_ids[0][0] += 1
     assert not LoopResult.merged(runs).repeats_agree
+
+
+def test_combined_repeats_add_up_each_repeat_over_the_workloads() -> None:
+    # repeat 0: 100 tokens in 10 s and 200 in 5 s; repeat 1: 100 in 5 s and 200 in 10 s
+    group = [{"tokens": 200, "tok_s_runs": [10.0, 20.0]}, {"tokens": 400, "tok_s_runs": [40.0, 20.0]}]
+    assert _combined_runs(group) == [20.0, 20.0]
+    uneven = [{"tokens": 10, "tok_s_runs": [1.0]}, {"tokens": 10, "tok_s_runs": [1.0, 2.0]}]
+    assert _combined_runs(uneven) == []

@@ -26,6 +26,7 @@ class LoopResult:
     stats: EngineStats
     repeats_agree: bool = True  # merged repeats all gave the same tokens
     repeats: int = 1
+    run_seconds: list[float] = dataclasses.field(default_factory=list)  # each repeat's elapsed_s
 
     @property
     def num_tokens(self) -> int:
@@ -34,6 +35,13 @@ class LoopResult:
     @property
     def tok_s(self) -> float:
         return self.num_tokens / self.elapsed_s
+
+    @property
+    def tok_s_runs(self) -> list[float]:
+        """Each repeat's tokens per second: how much one arm's own runs differ (the noise a ratio
+        between arms is read against)."""
+        per_run = sum(len(t) for t in self.token_ids)
+        return [per_run / s for s in self.run_seconds or [self.elapsed_s]]
 
     @staticmethod
     def merged(results: Sequence[LoopResult]) -> LoopResult:
@@ -57,6 +65,7 @@ class LoopResult:
             stats,
             all(r.token_ids == results[0].token_ids for r in results),
             sum(r.repeats for r in results),
+            [s for r in results for s in r.run_seconds or [r.elapsed_s]],
         )
 
 

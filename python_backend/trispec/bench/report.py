@@ -140,7 +140,7 @@ class Reporter:
                 table.add_row(
                     str(r["concurrency"]),
                     r["arm"],
-                    f"{r['tok_s']:.1f}",
+                    _tok_s(r),
                     "" if r["speedup_vs_plain"] is None else f"{r['speedup_vs_plain']:.2f}x",
                     "" if r["acceptance"] is None else f"{r['acceptance']:.0%}",
                     "" if r.get("mean_k") is None or r["drafter"] is None else f"{r['mean_k']:.2f}",
@@ -153,6 +153,14 @@ class Reporter:
                 if r["workload"] == workload and "ours_vs_this" in r:
                     best = ", ".join(f"{a} {v:.2f}x" for a, v in r["ours_vs_this"].items())
                     self.out.print(f"ours vs {r['arm']} (transformers {r['transformers']}): {best}")
+
+
+def _tok_s(r: dict[str, Any]) -> str:
+    """tok/s, and with repeats the range of the arm's own runs: the noise to read ratios against."""
+    runs = r.get("tok_s_runs") or []
+    if len(runs) < 2:
+        return f"{r['tok_s']:.1f}"
+    return f"{r['tok_s']:.1f} ({min(runs):.1f}-{max(runs):.1f})"
 
 
 def _pair_ms(p: dict[str, float | None]) -> str:

@@ -177,6 +177,7 @@ def row(workload: str, concurrency: int, arm: Arm, result: LoopResult, plain: di
         "tokens": result.num_tokens,
         "seconds": round(result.elapsed_s, 4),
         "tok_s": round(result.tok_s, 3),
+        "tok_s_runs": [round(t, 3) for t in result.tok_s_runs],
         "speedup_vs_plain": round(speedup, 4) if speedup is not None else None,
         "acceptance": round(stats.acceptance_rate, 4) if arm.drafter else None,
         "accepted_per_position": [round(p, 4) for p in per_position],
@@ -215,6 +216,7 @@ def combined_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "tokens": tokens,
             "seconds": round(seconds, 4),
             "tok_s": round(tokens / seconds, 3),
+            "tok_s_runs": _combined_runs(group),
             "speedup_vs_plain": None,
             "acceptance": None if first["acceptance"] is None else round(accepted / max(drafted, 1), 4),
             "mean_k": round(sum(r["mean_k"] * r["rounds"] for r in group) / max(rounds, 1), 3),
@@ -231,6 +233,17 @@ def combined_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["arm"] != PLAIN and r["concurrency"] in plain_tok_s:
             r["speedup_vs_plain"] = round(r["tok_s"] / plain_tok_s[r["concurrency"]], 4)
     return out
+
+
+def _combined_runs(group: list[dict[str, Any]]) -> list[float]:
+    """Repeat j over every workload: its tokens over its seconds (repeats ran in the same order)."""
+    runs = [r["tok_s_runs"] for r in group]
+    if len({len(t) for t in runs}) != 1:
+        return []
+    per_run = [r["tokens"] / len(r["tok_s_runs"]) for r in group]
+    return [
+        round(sum(per_run) / sum(n / t[j] for n, t in zip(per_run, runs)), 3) for j in range(len(runs[0]))
+    ]
 
 
 def _round(value: float | None) -> float | None:
