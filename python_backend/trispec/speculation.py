@@ -192,10 +192,10 @@ class GoodputController:
     Drafting is chosen only where the model promises at least ``min_gain`` more tokens per second
     than plain: near break-even its errors decide the sign, and a loss there is what users of other
     stacks see under load. A sequence whose draft cache must catch up starts drafting only where
-    drafting would pay ``start_gain`` with every sequence paying such a catch-up (``_starts_that_pay``).
-    And only at batch sizes where the model's drafting steps delivered
-    (``realised``): where they measured slower than plain steps of the same size, that size runs plain
-    for a while whatever the model promises.
+    drafting would pay ``start_gain`` with every sequence paying such a catch-up
+    (``_starts_that_pay``). And only at batch sizes where the model's drafting steps delivered
+    (``realised``): where they measured slower than plain steps of the same size, that size runs
+    plain for a while whatever the model promises.
     """
 
     def __init__(
@@ -285,8 +285,16 @@ class GoodputController:
                 self.cost.catch_up_token_s * lag / max(1.0, left / expected_tokens(a, k))
                 for lag, left, a, k in zip(lags, remaining, accepts, max_ks)
             ]
-            start_s = self._starts_that_pay(accepts, max_ks, lags, start_s, joining, glob)
         ks = choose_ks(accepts, max_ks, self.cost, start_s, self.min_gain)
+        if (
+            start_s is not None
+            and lags is not None
+            and any(k and lag > IN_STEP_LAG for k, lag in zip(ks, lags))
+        ):
+            # someone would start drafting: whether that pays is a steady-state question (while
+            # nobody would, as through a plain stretch under load, the second choice is not needed)
+            start_s = self._starts_that_pay(accepts, max_ks, lags, start_s, joining, glob)
+            ks = choose_ks(accepts, max_ks, self.cost, start_s, self.min_gain)
         if any(ks) and not self.realised.allows(len(ks), self._decisions):
             ks = [0] * len(ks)
         if any(ks):  # drafting pays again: explore at the base rate from now on
