@@ -331,9 +331,8 @@ class GoodputController:
         at two sequences) would decide the sign. Otherwise its whole catch-up counts, which keeps
         it plain."""
         assert self.cost is not None
-        starting = {i for i, lag in enumerate(lags) if lag > IN_STEP_LAG and max_ks[i]}
-        if not starting:
-            return start_s
+        starting = {i for i, lag in enumerate(lags) if lag > IN_STEP_LAG and max_ks[i]}  # never empty:
+        # the caller asks only when the step's choice starts someone
         typical = sum(start_s[i] for i in starting) / len(starting)
         shares = [s if i in starting else typical for i, s in enumerate(start_s)] + [typical] * joining
         cap = max(max_ks)
