@@ -12,7 +12,7 @@ from tiny import TINY_VOCAB, model_drafter, spec_engine, tiny_engine
 from trispec.bench import workloads
 from trispec.bench.arms import Arm, default_drafters, make_arms, variant
 from trispec.bench.closed_loop import LoopResult, run_closed_loop
-from trispec.bench.speculative import _combined_runs, main, parse_ints, row
+from trispec.bench.speculative import MAX_WARMUP_RUNS, Bench, Workload, _combined_runs, main, parse_ints, row
 from trispec.config import SpecDecConfig, load_config
 from trispec.drafters.ngram import NgramDrafter
 from trispec.errors import ConfigError
@@ -126,11 +126,7 @@ def test_row_fields_and_identity_check() -> None:
     assert row("w", 2, arm, spec_result, plain)["identical_to_plain"] is False
 
 
-def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    try:
-        workloads.humaneval_path()
-    except workloads.WorkloadDataMissing as exc:
-        pytest.skip(f"bench extra not installed: {exc}")
+def tiny_pair(tmp_path: Path) -> Path:
     save_tiny_checkpoint(tmp_path / "target", 320, seed=0)
     save_tiny_checkpoint(tmp_path / "draft", 320, seed=0)  # the same weights: drafts always accepted
     config = tmp_path / "pair.yaml"
@@ -139,6 +135,27 @@ def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         "drafter: {kind: model, model: {checkpoint: {path: draft}, kv_cache_mb: 4}}\n"
         "scheduler: {max_context: 1024}\n"
     )
+    return config
+
+
+def test_warm_up_leaves_an_adaptive_arm_warm(tmp_path: Path) -> None:
+    # the controller's warm-up must not spill into the first timed run: it takes more than one
+    # warm-up run here, and the bench runs as many as it takes
+    bench = Bench(load_config(tiny_pair(tmp_path)), 2, 64, 2)
+    load = Workload("w", PROMPTS[:3], PROMPTS[3:])
+    plain, adaptive = make_arms(["model"], [2], adaptive=True, fixed=False)
+    assert bench.warm_up(plain, load) == 1
+    assert 1 < bench.warm_up(adaptive, load) <= MAX_WARMUP_RUNS
+    controller = bench.engine(adaptive, "w").scheduler.controller
+    assert controller is not None and controller.warm
+
+
+def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        workloads.humaneval_path()
+    except workloads.WorkloadDataMissing as exc:
+        pytest.skip(f"bench extra not installed: {exc}")
+    config = tiny_pair(tmp_path)
     load_config(config)
     argv = ["--config", str(config), "--workloads", "humaneval,edit", "--concurrency", "1,2", "--k", "2"]
     argv += [

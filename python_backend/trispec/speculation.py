@@ -250,6 +250,11 @@ class GoodputController:
         self.realised = RealisedGoodput()
         self._forced = False  # this step's drafting was warm-up or exploration, not the model's choice
 
+    @property
+    def warm(self) -> bool:
+        """Past warm-up: both drafting and plain steps were measured ``warmup_steps`` times."""
+        return self._drafted_steps >= self.warmup_steps and self._plain_steps >= self.warmup_steps
+
     # -- choice --------------------------------------------------------------------------------
     def choose(
         self,
@@ -267,8 +272,7 @@ class GoodputController:
         self._forced = False
         if not any(max_ks):
             return [0] * len(max_ks)
-        warm = self._drafted_steps >= self.warmup_steps and self._plain_steps >= self.warmup_steps
-        if not warm:
+        if not self.warm:
             # drafting first, then plain, until both were seen often enough
             if self._drafted_steps > self._plain_steps:
                 return [0] * len(max_ks)
