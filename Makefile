@@ -25,8 +25,9 @@ lint: $(STAMP)
 
 venv: $(STAMP)
 
-# setup.py and the C source: `pip install -e .` compiles the attention kernel (trispec.engine._paged_attention)
-$(STAMP): pyproject.toml setup.py Makefile python_backend/trispec/engine/csrc/paged_attention.c
+# setup.py and the C sources: `pip install -e .` compiles the kernels (trispec.engine._paged_attention,
+# trispec.engine._int8_linear)
+$(STAMP): pyproject.toml setup.py Makefile $(wildcard python_backend/trispec/engine/csrc/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_PIN)" "numpy<2"

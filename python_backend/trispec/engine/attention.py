@@ -27,6 +27,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from trispec.engine.cpu_isa import isa_level
+
 logger = logging.getLogger(__name__)
 
 try:
@@ -67,13 +69,6 @@ class Attention(Protocol):
 # The batch-invariant kernel.
 
 
-def _cpu_isa() -> int:
-    """The ISA level torch runs at (so ``ATEN_CPU_CAPABILITY=avx2`` forces our kernel's AVX2 copy too)."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    wanted = 512 if capability.startswith("AVX512") else 2 if capability == "AVX2" else 0
-    return _kernel.isa_level(wanted) if _kernel is not None else 0
-
-
 @dataclass
 class PagedPlan:
     tables: torch.Tensor  # int32: every sequence's block table, concatenated
@@ -94,7 +89,7 @@ class PagedAttention:
             head_dim,
             scale,
         )
-        self.isa = _cpu_isa()
+        self.isa = isa_level(_kernel)
 
     @classmethod
     def supports(

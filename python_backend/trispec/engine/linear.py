@@ -4,17 +4,30 @@ Both are batch-invariant: a row's output does not depend on how many rows are co
 (see ``DenseLinear`` for the one exception and how it is avoided), which the engine's determinism
 rests on.
 
-int8: ``torch._weight_int8pack_mm(x, w_int8, scales)`` is a fused CPU kernel that dequantizes on the
-fly and reads 4x fewer weight bytes than fp32, which is what decode on CPU is bound by. It is only
-fast with bfloat16 activations, so int8 engines run in bfloat16 by default.
+int8 weight-only: our C kernel (``csrc/int8_linear.c``) reads 4x fewer weight bytes than fp32, which
+is what a draft model's single-token step on CPU is bound by, and computes every output in one fixed
+order (batch-invariant, and the same numbers on AVX2 and AVX-512). Without the extension (no C
+compiler at install) torch's ``_weight_int8pack_mm`` stands in: fast only with bfloat16
+activations, which is why int8 engines run in bfloat16 by default, and not batch-invariant.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+
+from trispec.engine.cpu_isa import isa_level
+
+try:
+    from trispec.engine import _int8_linear as _int8_kernel
+except ImportError:  # built by `pip install`; absent if no C compiler was found then
+    _int8_kernel = None
+
+_INT8_ISA = isa_level(_int8_kernel)
+logger = logging.getLogger(__name__)
 
 
 class Linear(Protocol):
@@ -144,23 +157,57 @@ def quantize_per_channel(
 
 
 class Int8Linear:
+    """``y = (x W_q^T) * scale (+ b)``: int8 weights, one scale per output channel, float32 or
+    bfloat16 activations (the output has the activations' dtype)."""
+
+    _warned = False  # the missing-extension warning, once per process
+
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight = weight  # [out, in] int8
-        self.scales = scales  # [out], activation dtype
+        self.weight = weight.contiguous()  # [out, in] int8
+        self.scales = scales  # [out], activation dtype (the int8 embedding's lookup uses them too)
         self.bias = bias
         self.out_features = weight.shape[0]
+        # what the kernel reads: scales and bias in float32
+        self._scales_f32 = scales.float().contiguous()
+        self._bias_f32 = None if bias is None else bias.float().contiguous()
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None, *, dtype: torch.dtype) -> Int8Linear:
+        if _int8_kernel is None and not Int8Linear._warned:
+            Int8Linear._warned = True
+            logger.warning(
+                "the int8 linear extension is not built (no C compiler at install?): int8 layers use "
+                "torch's _weight_int8pack_mm, which is slower and not batch-invariant"
+            )
         q, scale = quantize_per_channel(weight)
         return cls(q, scale.to(dtype), None if bias is None else bias.to(dtype))
 
     def tensors(self) -> list[torch.Tensor]:
-        return _present(self.weight, self.scales, self.bias)
+        return _present(self.weight, self.scales, self.bias, self._scales_f32, self._bias_f32)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(x.contiguous(), self.weight, self.scales)
-        return y if self.bias is None else y + self.bias
+        if _int8_kernel is None or x.dtype not in (torch.float32, torch.bfloat16) or x.device.type != "cpu":
+            y = torch._weight_int8pack_mm(x.contiguous(), self.weight, self.scales)
+            return y if self.bias is None else y + self.bias
+        x = x.contiguous()
+        rows, features = x.shape
+        out = torch.empty(rows, self.out_features, dtype=x.dtype)
+        is_bf16 = int(x.dtype == torch.bfloat16)
+        _int8_kernel.linear(
+            x.data_ptr(),
+            self.weight.data_ptr(),
+            self._scales_f32.data_ptr(),
+            0 if self._bias_f32 is None else self._bias_f32.data_ptr(),
+            out.data_ptr(),
+            rows,
+            features,
+            self.out_features,
+            is_bf16,
+            is_bf16,
+            torch.get_num_threads(),
+            _INT8_ISA,
+        )
+        return out
 
 
 class RowSplitLinear:
