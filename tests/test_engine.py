@@ -207,3 +207,30 @@ def test_low_precision_variants_track_fp32(dtype: str | None, quant: str | None)
     assert err < 0.1, err
     agree = (low.argmax(-1) == ref.argmax(-1)).float().mean().item()
     assert agree >= 0.8, agree
+
+
+def test_import_kv_continues_as_if_the_engine_had_computed_the_tokens() -> None:
+    """An engine that takes another's keys and values for a prefix (same weights) gives the next
+    token the same logits as the engine that computed them; lengths, blocks and errors as expected."""
+    prompt = list(range(5, 45))
+    source = TorchEngine.from_random(tiny_args(), 0, num_blocks=32, block_size=8)
+    source.add_sequence(1, 60)
+    source.forward([ForwardInput(1, prompt, 0)])
+    expected = source.forward([ForwardInput(1, [7], 1)])[0]
+    source.truncate(1, len(prompt))
+
+    copy = TorchEngine.from_random(tiny_args(), 0, num_blocks=32, block_size=4)  # other blocks
+    copy.add_sequence(3, 60)  # another sequence first, so the slots differ from the source's
+    copy.forward([ForwardInput(3, [1, 2, 3, 4, 5], 0)])
+    copy.add_sequence(1, 60)
+    copy.forward([ForwardInput(1, prompt[:9], 0)])  # its own keys for a first part
+    copy.import_kv(1, source, len(prompt))
+    assert copy.cached_length(1) == len(prompt)
+    assert torch.equal(copy.forward([ForwardInput(1, [7], 1)])[0], expected)
+    copy.import_kv(1, source, 10)  # already held: nothing to do
+    assert copy.cached_length(1) == len(prompt) + 1
+
+    with pytest.raises(ValueError, match="holds 40 tokens"):
+        copy.import_kv(1, source, 45)
+    narrow = TorchEngine.from_random(tiny_args(num_kv_heads=1), 0, num_blocks=8, block_size=8)
+    assert not narrow.same_kv_geometry(source) and copy.same_kv_geometry(source)

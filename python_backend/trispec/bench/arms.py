@@ -98,10 +98,10 @@ class DrafterPool:
     (a suffix drafter's global index must not remember another arm's outputs of the same prompts),
     while the draft weights load only once."""
 
-    def __init__(self, config: SpecDecConfig, target_checkpoint: Checkpoint, vocab_size: int) -> None:
+    def __init__(self, config: SpecDecConfig, target_checkpoint: Checkpoint, target: TorchEngine) -> None:
         self.config = config
         self.target_checkpoint = target_checkpoint
-        self.vocab_size = vocab_size
+        self.target = target
         self._engines: dict[str, TorchEngine | None] = {}
 
     def engine(self, name: str) -> TorchEngine | None:
@@ -112,6 +112,6 @@ class DrafterPool:
         return self._engines[base]
 
     def fresh(self, name: str) -> Drafter:
-        drafter = make_drafter(variant(self.config, name), self.engine(name), self.vocab_size)
+        drafter = make_drafter(variant(self.config, name), self.engine(name), self.target)
         assert drafter is not None
         return drafter

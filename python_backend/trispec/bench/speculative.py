@@ -88,7 +88,7 @@ class Bench:
         self.tokenizer = load_tokenizer(config.target, "target")
         checkpoint = load_checkpoint(config.target.checkpoint.resolve("target.checkpoint"))
         self.target = build_engine(self.config.target, "target", self.config.scheduler, checkpoint)
-        self.drafters = DrafterPool(self.config, checkpoint, self.target.vocab_size)
+        self.drafters = DrafterPool(self.config, checkpoint, self.target)
         self.max_concurrency = max_concurrency
         self.max_k = max_k
         # adaptive arms keep what they learned across the sweep, as a serving process would

@@ -1,5 +1,13 @@
 """Draft with a model on any engine: a smaller checkpoint, or the target's own weights at lower
-precision (self-draft). All sequences draft together, one batched forward per draft position."""
+precision (self-draft). All sequences draft together, one batched forward per draft position.
+
+A draft cache fills lazily: a sequence that did not draft for a while first feeds what it missed
+(the whole prompt, the first time). A self-draft has the target's architecture, so it takes the
+target's keys and values for those tokens instead (``kv_source``): the same layers would compute
+nearly the same ones, and a copy costs a millisecond where feeding a prompt through the draft model
+cost as much as the target's own prefill on a 2-core CPU. Not for seeded sampled requests: what a
+copy brings depends on how the target's prefill was chunked, which depends on the batch, and their
+draws must not."""
 
 from __future__ import annotations
 
@@ -9,13 +17,19 @@ import torch
 
 from trispec.drafters.base import DraftProposal, DraftRequest
 from trispec.engine.base import Engine, ForwardInput, KVUsage
+from trispec.engine.torch_engine import TorchEngine
 from trispec.logits_rules import apply_rules
 from trispec.sampling import logits_to_probs, sample
 
 
 class ModelDrafter:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, kv_source: TorchEngine | None = None) -> None:
+        if kv_source is not None and not (
+            isinstance(engine, TorchEngine) and engine.same_kv_geometry(kv_source)
+        ):
+            raise ValueError("a draft engine takes another's keys and values only with the same KV geometry")
         self.engine = engine
+        self.kv_source = kv_source
 
     def room_for(self, lengths: Mapping[int, int]) -> bool:
         return self.engine.room_for(lengths)
@@ -29,6 +43,12 @@ class ModelDrafter:
         tokens: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
         active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0]
+        if self.kv_source is not None:
+            assert isinstance(self.engine, TorchEngine)
+            for i in active:
+                r = requests[i]
+                if not r.sampling.seeded:
+                    self.engine.import_kv(r.seq_id, self.kv_source, self.kv_source.cached_length(r.seq_id))
         # Position 0 feeds everything the draft cache lacks (the last verified token, or two when the
         # previous round accepted all drafts; the prompt and more when the sequence did not draft
         # before), later positions feed the previous draft token.

@@ -52,6 +52,13 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+def _slots(table: Sequence[int], block_size: int, positions: range, device: torch.device) -> torch.Tensor:
+    """Cache slots of ``positions`` of a sequence with block table ``table``."""
+    return torch.tensor(
+        [table[p // block_size] * block_size + p % block_size for p in positions], device=device
+    )
+
+
 class TorchEngine:
     """Llama/Qwen2 with a paged KV cache. Build with ``from_checkpoint`` / ``from_random``."""
 
@@ -223,6 +230,30 @@ class TorchEngine:
 
     def truncate(self, seq_id: int, length: int) -> None:
         self.blocks.truncate(seq_id, length)
+
+    def same_kv_geometry(self, other: TorchEngine) -> bool:
+        """Whether ``other``'s keys and values fit this engine's cache (layers, heads, head size)."""
+        mine, theirs = self.kv.k.shape, other.kv.k.shape
+        return (mine[0], mine[1], mine[3]) == (theirs[0], theirs[1], theirs[3])
+
+    @torch.inference_mode()
+    def import_kv(self, seq_id: int, source: TorchEngine, length: int) -> None:
+        """Extend the sequence's cache to ``length`` tokens with ``source``'s keys and values for
+        them (same KV geometry; converted to this cache's dtype). For a self-draft: its cache takes
+        the target's instead of feeding the verified tokens through the draft model again."""
+        start = self.blocks.length(seq_id)
+        if length <= start:
+            return
+        if length > source.blocks.length(seq_id):
+            raise ValueError(
+                f"seq {seq_id}: the source holds {source.blocks.length(seq_id)} tokens, not {length}"
+            )
+        self.blocks.append(seq_id, length - start)
+        positions = range(start, length)
+        src = _slots(source.blocks.block_table(seq_id), source.block_size, positions, source.kv.k.device)
+        dst = _slots(self.blocks.block_table(seq_id), self.block_size, positions, self.kv.k.device)
+        for mine, theirs in ((self.kv.k, source.kv.k), (self.kv.v, source.kv.v)):
+            mine.index_copy_(2, dst, theirs.index_select(2, src).to(mine.dtype))
 
     def free(self, seq_id: int) -> None:
         self.blocks.free(seq_id)

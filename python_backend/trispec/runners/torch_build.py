@@ -43,11 +43,15 @@ def build_engines(config: SpecDecConfig) -> tuple[TorchEngine, Drafter | None]:
     draft_engine = build_draft_engine(config, target_checkpoint)
     target = build_engine(config.target, "target", config.scheduler, target_checkpoint)
     del target_checkpoint  # its reader (and memory map) can go
-    return target, make_drafter(config, draft_engine, target.vocab_size)
+    return target, make_drafter(config, draft_engine, target)
 
 
-def make_drafter(config: SpecDecConfig, draft_engine: TorchEngine | None, vocab_size: int) -> Drafter | None:
-    """The drafter the config names around its draft engine (None: a model-free drafter or none)."""
+def make_drafter(
+    config: SpecDecConfig, draft_engine: TorchEngine | None, target: TorchEngine
+) -> Drafter | None:
+    """The drafter the config names around its draft engine (None: a model-free drafter or none). A
+    self-draft catches its cache up with the target's keys and values (``ModelDrafter``)."""
+    vocab_size = target.vocab_size
     if draft_engine is None:
         return model_free_drafter(config, vocab_size)
     if draft_engine.vocab_size != vocab_size:
@@ -55,9 +59,10 @@ def make_drafter(config: SpecDecConfig, draft_engine: TorchEngine | None, vocab_
             "drafter.model.checkpoint",
             f"draft vocabulary ({draft_engine.vocab_size}) differs from the target's ({vocab_size})",
         )
+    model = ModelDrafter(draft_engine, target if config.drafter.kind == "self" else None)
     if config.drafter.with_suffix:
-        return WithSuffix(ModelDrafter(draft_engine), suffix_drafter(config, vocab_size))
-    return ModelDrafter(draft_engine)
+        return WithSuffix(model, suffix_drafter(config, vocab_size))
+    return model
 
 
 def build_draft_engine(config: SpecDecConfig, target_checkpoint: Checkpoint) -> TorchEngine | None:
