@@ -72,6 +72,21 @@ def _find_onednn_linear() -> Any:
 _onednn_linear = _find_onednn_linear()
 
 
+def _has_amx() -> bool:
+    try:
+        return bool(torch.cpu._is_amx_tile_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+# oneDNN switches a bf16 GEMM to AMX tiles from 33 rows on (measured, CPUs with AMX): about a fifth
+# of the rows of a call then differ in the last bits from the same rows computed alone, so with AMX
+# a bf16 layer computes at most 32 rows per call (every count up to 32 agrees, shapes of SmolLM2 and
+# Qwen2.5 up to K = 8960 and a 49152-row head). Off where there is no AMX: a loss of AMX's speed on
+# a prompt, where bf16 layers are not the default (the target runs fp32, drafts int8).
+_BF16_MAX_ROWS = 32 if _has_amx() else None
+
+
 class DenseLinear:
     """``y = x W^T + b`` through oneDNN's prepacked kernel.
 
@@ -133,6 +148,8 @@ class DenseLinear:
             return F.linear(x, self.weight, self.bias)  # type: ignore[arg-type]
         if x.shape[0] == 1 and self.pad_one_row:
             return self(torch.cat((x, x)))[:1]
+        if _BF16_MAX_ROWS is not None and self.packed.dtype == torch.bfloat16 and x.shape[0] > _BF16_MAX_ROWS:
+            return torch.cat([self(part) for part in x.split(_BF16_MAX_ROWS)])
         if self.packed.dtype != x.dtype:  # bf16 widened to fp32 (no native bf16)
             return _onednn_linear(x.to(self.packed.dtype), self.packed, self.bias, "none", [], "").to(x.dtype)
         return _onednn_linear(x, self.packed, self.bias, "none", [], "")
