@@ -38,6 +38,21 @@ def test_the_draft_cache_takes_the_targets_prompt_instead_of_feeding_it() -> Non
     assert first_proposal(shared=True, sampling=SamplingParams(temperature=0.8, seed=3)) == len(PROMPT) - 1
 
 
+def test_no_draft_while_the_target_has_not_seen_the_prompt() -> None:
+    """The first round feeds the whole prompt to the target: a self-draft on the target's KV drafts
+    nothing then (rather than feed the prompt itself), and takes the prompt from the target next."""
+    target = tiny_engine(0)
+    drafter = ModelDrafter(tiny_engine(0, weight_quant="int8"), target)
+    target.add_sequence(0, 64)
+    drafter.add_sequence(0, 64)
+    greedy = SamplingParams()
+    (first,) = drafter.propose([DraftRequest(0, PROMPT, 4, greedy, None)])
+    assert first.tokens == [] and drafter.engine.cached_length(0) == 0
+    target.forward([ForwardInput(0, PROMPT, 1)])  # the verify pass of that round
+    (second,) = drafter.propose([DraftRequest(0, [*PROMPT, 9], 4, greedy, None)])
+    assert len(second.tokens) == 4 and second.catch_up_tokens == 0
+
+
 def test_a_draft_engine_of_another_geometry_is_refused() -> None:
     from tiny import tiny_args
     from trispec.engine.torch_engine import TorchEngine

@@ -5,9 +5,10 @@ A draft cache fills lazily: a sequence that did not draft for a while first feed
 (the whole prompt, the first time). A self-draft has the target's architecture, so it takes the
 target's keys and values for those tokens instead (``kv_source``): the same layers would compute
 nearly the same ones, and a copy costs a millisecond where feeding a prompt through the draft model
-cost as much as the target's own prefill on a 2-core CPU. Not for seeded sampled requests: what a
-copy brings depends on how the target's prefill was chunked, which depends on the batch, and their
-draws must not."""
+cost as much as the target's own prefill on a 2-core CPU; in the round where the target itself first
+sees them (a prompt riding along with the verify pass) it drafts nothing. Not for seeded sampled
+requests: what a copy brings depends on how the target's prefill was chunked, which depends on the
+batch, and their draws must not."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from trispec.engine.base import Engine, ForwardInput, KVUsage
 from trispec.engine.torch_engine import TorchEngine
 from trispec.logits_rules import apply_rules
 from trispec.sampling import logits_to_probs, sample
+
+# tokens a draft model feeds at its first position in a steady round: the last verified token, and
+# the last accepted draft when every draft was accepted
+MAX_OWN_FEED = 2
 
 
 class ModelDrafter:
@@ -44,18 +49,14 @@ class ModelDrafter:
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
         active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0]
         if self.kv_source is not None:
-            assert isinstance(self.engine, TorchEngine)
-            for i in active:
-                r = requests[i]
-                if not r.sampling.seeded:
-                    self.engine.import_kv(r.seq_id, self.kv_source, self.kv_source.cached_length(r.seq_id))
+            active = self._import_target_kv(requests, active)
         # Position 0 feeds everything the draft cache lacks (the last verified token, or two when the
         # previous round accepted all drafts; the prompt and more when the sequence did not draft
         # before), later positions feed the previous draft token.
         feeds = {
             i: list(requests[i].token_ids[self.engine.cached_length(requests[i].seq_id) :]) for i in active
         }
-        catch_up = {i: max(len(feed) - 2, 0) for i, feed in feeds.items()}
+        catch_up = {i: max(len(feed) - MAX_OWN_FEED, 0) for i, feed in feeds.items()}
         while active:
             logits = self.engine.forward([ForwardInput(requests[i].seq_id, feeds[i], 1) for i in active])
             for i, row in zip(active, logits):
@@ -79,6 +80,23 @@ class ModelDrafter:
             )
             for i, r in enumerate(requests)
         ]
+
+    def _import_target_kv(self, requests: Sequence[DraftRequest], active: list[int]) -> list[int]:
+        """Catch the draft caches up from the target's (not for seeded requests); the requests that
+        draft this round: not one whose prompt the target has not seen yet (it rides along with this
+        step's verify pass), which next round takes from the target rather than through the draft
+        model now. Proposing nothing is always allowed: that round decodes plain."""
+        assert isinstance(self.engine, TorchEngine) and self.kv_source is not None
+        drafting = []
+        for i in active:
+            r = requests[i]
+            if r.sampling.seeded:
+                drafting.append(i)
+                continue
+            self.engine.import_kv(r.seq_id, self.kv_source, self.kv_source.cached_length(r.seq_id))
+            if len(r.token_ids) - self.engine.cached_length(r.seq_id) <= MAX_OWN_FEED:
+                drafting.append(i)
+        return drafting
 
     def rollback(self, seq_id: int, num_verified: int) -> None:
         if self.engine.cached_length(seq_id) > num_verified:
