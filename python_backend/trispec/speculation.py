@@ -181,8 +181,9 @@ class GoodputController:
     Warm-up: until the cost model has seen both drafting and plain steps, steps alternate between
     plain and drafting by one or two sequences (those whose draft cache lags least): a draft model
     first catches up on every prompt it drafts for, so warming up with the whole batch costs a
-    draft prefill of every prompt in it. Afterwards, once every ``explore_every`` steps, a few sequences draft
-    at the requested k whatever the model says, so that the draft cost and acceptance stay measured
+    draft prefill of every prompt in it. Afterwards, once every ``explore_every`` steps, a few
+    sequences draft ``explore_k`` tokens whatever the model says, so that the draft cost and
+    acceptance stay measured
     while the model prefers plain. Such a step costs (a draft cache catches up), so the interval
     doubles, up to ``max_explore_every``, each time the model chose plain all along since the last
     one, and falls back to ``explore_every`` as soon as the model drafts on its own. Only where
@@ -205,6 +206,8 @@ class GoodputController:
         explore_every: int = 256,
         max_explore_every: int = 8192,
         explore_budget: float = 0.01,
+        explore_k: int = 2,
+        explore_catch_up: float = 0.25,
         min_gain: float = 0.03,
         start_gain: float = 0.1,
         explore_margin: float = 0.1,
@@ -217,6 +220,8 @@ class GoodputController:
         self.explore_every = explore_every
         self.max_explore_every = max_explore_every
         self.explore_budget = explore_budget
+        self.explore_k = explore_k
+        self.explore_catch_up = explore_catch_up
         self.min_gain = min_gain
         self.start_gain = start_gain
         self.explore_margin = explore_margin
@@ -365,13 +370,17 @@ class GoodputController:
 
     def _explore(self, ks: list[int], max_ks: Sequence[int], lags: Sequence[int] | None) -> list[int]:
         """One or two sequences (in turn, rotating over the batch; those whose draft cache lags
-        least first) draft at their cap whatever the model says: enough to keep the draft cost and
-        the acceptance measured, and to vary drafted positions against draft passes. Rarely and
-        few, because a draft model that sat out plain rounds first catches up on what it missed:
-        only sequences whose catch-up costs less than a plain step take part (a long prompt's would
-        cost a short run several percent at once), and when theirs together would cost more than
-        ``explore_budget`` of the time until the next exploration, this one is skipped (the
-        interval keeps growing, so a later one fits)."""
+        least first) draft ``explore_k`` tokens whatever the model says: enough to keep the draft
+        cost and the acceptance measured, and to vary sequences against draft passes. Rarely, few
+        and short, because an exploration lands in some request's run whole: a draft model that
+        sat out plain rounds first catches up on what it missed, so only sequences whose catch-up
+        costs at most ``explore_catch_up`` of a plain step take part, and draft at most two positions
+        (two draft passes, not k): at the cap of 4 with a catch-up of up to a plain step, one
+        exploration cost 1.5-3 plain steps, 2-4 % of a 64-token run at 16 requests. (One position
+        only was cheaper still, but then the verify pass was measured at too few sizes to see
+        soon enough that drafting pays again after the target's cost changed.) When their catch-ups
+        together would cost more than ``explore_budget`` of the time until the next exploration,
+        this one is skipped (the interval keeps growing, so a later one fits)."""
         n = len(ks)
         if lags is None or self.cost is None:
             order = self._few(max_ks, lags, self._explorations)
@@ -379,14 +388,14 @@ class GoodputController:
             # not measured yet: a draft model's catch-up token costs about what a target row does
             per_token_s = self.cost.catch_up_token_s or self.cost.target_row_s
             plain_step_s = self.cost.seconds([0] * n)
-            cheap = [i for i in range(n) if per_token_s * lags[i] <= plain_step_s]
+            cheap = [i for i in range(n) if per_token_s * lags[i] <= self.explore_catch_up * plain_step_s]
             order = self._few(max_ks, lags, self._explorations, cheap)
             budget_s = self.explore_budget * self._explore_interval * plain_step_s
             if not order or per_token_s * sum(lags[i] for i in order) > budget_s:
                 return ks
         self._explorations += 1
         self._forced = True
-        return _draft_at_cap(ks, max_ks, order)
+        return _draft_at_cap(ks, [min(m, self.explore_k) for m in max_ks], order)
 
     @staticmethod
     def _few(
