@@ -12,10 +12,21 @@ from tiny import TINY_VOCAB, model_drafter, spec_engine, tiny_engine
 from trispec.bench import workloads
 from trispec.bench.arms import Arm, default_drafters, make_arms, variant
 from trispec.bench.closed_loop import LoopResult, run_closed_loop
-from trispec.bench.speculative import MAX_WARMUP_RUNS, Bench, Workload, _combined_runs, main, parse_ints, row
+from trispec.bench.speculative import (
+    MAX_REPEATS,
+    MAX_WARMUP_RUNS,
+    Bench,
+    Workload,
+    _combined_runs,
+    main,
+    parse_ints,
+    row,
+    run_point,
+)
 from trispec.config import SpecDecConfig, load_config
 from trispec.drafters.ngram import NgramDrafter
 from trispec.errors import ConfigError
+from trispec.stats import EngineStats
 
 RUN_KEYS = {"workload", "concurrency", "arm", "tok_s", "speedup_vs_plain", "acceptance", "identical_to_plain"}
 
@@ -194,6 +205,43 @@ def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_main_refuses_unknown_drafter_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit, match="unknown drafter"):
         main(["--drafters", "eagle"])
+
+
+def timed_runs(seconds: dict[str, float]):
+    """A run function for ``run_point`` whose runs take the given seconds per arm; it logs the order."""
+    order: list[str] = []
+
+    def run(arm: Arm) -> LoopResult:
+        order.append(arm.name)
+        return LoopResult(seconds[arm.name], [[1]], [0.1], [], EngineStats())
+
+    return run, order
+
+
+ARMS = make_arms(["suffix"], [4], adaptive=True, fixed=False)  # plain, suffix-adaptive
+
+
+def test_a_point_runs_its_repeats_in_alternating_order() -> None:
+    run, order = timed_runs({"plain": 1.0, "suffix-adaptive": 2.0})
+    runs = run_point(ARMS, run, repeats=3)
+    a, b = "plain", "suffix-adaptive"
+    assert order == [a, b, b, a, a, b]
+    assert [len(r) for r in runs.values()] == [3, 3]
+
+
+def test_min_seconds_adds_rounds_in_pairs_until_every_arm_ran_that_long() -> None:
+    extra: list[int] = []
+    run, order = timed_runs({"plain": 1.0, "suffix-adaptive": 2.0})
+    runs = run_point(ARMS, run, repeats=1, min_seconds=3.5, on_extra_repeat=lambda: extra.append(1))
+    # plain needs 4 rounds of 1 s; the 1 asked for, then pairs
+    assert [len(r) for r in runs.values()] == [5, 5] and len(extra) == 4
+    assert order[:4] == ["plain", "suffix-adaptive", "suffix-adaptive", "plain"]
+    # already long enough: no round more than asked
+    run, order = timed_runs({"plain": 9.0, "suffix-adaptive": 9.0})
+    assert [len(r) for r in run_point(ARMS, run, repeats=1, min_seconds=3.5).values()] == [1, 1]
+    # and never more than MAX_REPEATS
+    run, order = timed_runs({"plain": 0.001, "suffix-adaptive": 0.001})
+    assert len(run_point(ARMS, run, repeats=2, min_seconds=60).popitem()[1]) == MAX_REPEATS
 
 
 def test_repeats_merge_into_one_result() -> None:

@@ -12,17 +12,32 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from trispec.bench.arms import PLAIN
 from trispec.bench.hf_reference import HFResult
 from trispec.bench.load_memory import LoadMemory
 from trispec.config import SpecDecConfig
+
+
+class ProgressBar:
+    """Requests done out of requests planned; the plan grows when a point runs more repeats
+    (``--min-seconds``)."""
+
+    def __init__(self, bar: Progress, task: TaskID) -> None:
+        self.bar, self.task = bar, task
+
+    def advance(self) -> None:
+        self.bar.advance(self.task)
+
+    def extend(self, requests: int) -> None:
+        total = self.bar.tasks[self.task].total or 0
+        self.bar.update(self.task, total=total + requests)
 
 
 class Reporter:
@@ -71,7 +86,7 @@ class Reporter:
             self.out.print(f"draft step / target step (1 token, batch 1): {drafter} {ratio:.3f}")
 
     @contextlib.contextmanager
-    def progress(self, total: int) -> Iterator[Callable[[], None]]:
+    def progress(self, total: int) -> Iterator[ProgressBar]:
         bar = Progress(
             TextColumn("requests"),
             BarColumn(),
@@ -82,8 +97,7 @@ class Reporter:
             disable=not sys.stderr.isatty(),
         )
         with bar:
-            task = bar.add_task("bench", total=total)
-            yield lambda: bar.advance(task)
+            yield ProgressBar(bar, bar.add_task("bench", total=total))
 
     def run_row(self, row: dict[str, Any]) -> None:
         if self.json_lines:

@@ -17,7 +17,9 @@ RSS of loading the pair against its weights (``--load-memory``, a child process 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +123,20 @@ class Bench:
                 self.controllers[key] = scheduler.controller
         return LLMEngine(scheduler, runner)
 
+    def run(
+        self, arm: Arm, *, load: Workload, concurrency: int, max_tokens: int, on_finish: Callable[[], None]
+    ) -> LoopResult:
+        """One timed closed-loop run of ``arm`` over the workload's prompts."""
+        engine = self.engine(arm, load.name)
+        return run_closed_loop(
+            engine,
+            load.prompts,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            num_draft_tokens=arm.k,
+            on_finish=on_finish,
+        )
+
     def warm_up(self, arm: Arm, load: Workload) -> int:
         """Untimed runs on the workload's warm-up prompts, returning how many: the kernels, and for
         an adaptive arm its controller's own warm-up (drafting and plain steps in turn until both
@@ -154,6 +170,39 @@ class Bench:
             for timer in timers:
                 timer.close()
         return t["draft"] / t["target"]
+
+
+MAX_REPEATS = 16
+
+
+def run_point(
+    arms: list[Arm],
+    run: Callable[[Arm], LoopResult],
+    repeats: int,
+    min_seconds: float = 0.0,
+    on_extra_repeat: Callable[[], None] = lambda: None,
+) -> dict[str, list[LoopResult]]:
+    """Every arm's runs at one point: ``repeats`` rounds, then more (in pairs, up to MAX_REPEATS)
+    until every arm has run ``min_seconds`` in all. Rounds alternate the arms' order (A B, B A, ...),
+    so that drift on a noisy machine spreads evenly over them; a short point thus gets more rounds
+    than a long one, where one run already averages over a long time."""
+    runs: dict[str, list[LoopResult]] = {arm.name: [] for arm in arms}
+
+    def one_round() -> None:
+        order = arms if len(runs[arms[0].name]) % 2 == 0 else arms[::-1]
+        for arm in order:
+            runs[arm.name].append(run(arm))
+
+    def short() -> bool:
+        return min(sum(r.elapsed_s for r in done) for done in runs.values()) < min_seconds
+
+    for _ in range(repeats):
+        one_round()
+    while short() and len(runs[arms[0].name]) + 2 <= MAX_REPEATS:
+        for _ in range(2):  # a pair keeps both orders equally often
+            on_extra_repeat()
+            one_round()
+    return runs
 
 
 def _with_room(config: SpecDecConfig, concurrency: int, seq_len: int) -> SpecDecConfig:
@@ -292,6 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=16, help="requests per workload and concurrency")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
     p.add_argument("--repeats", type=int, default=1, help="runs per arm and point, in alternating order")
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        default=0.0,
+        help="more runs (in pairs, up to 16) until every arm has run this long at each point",
+    )
     p.add_argument("--seed", type=int, default=0, help="which prompts are drawn")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--load-memory", action="store_true", help="measure peak RSS while loading the pair")
@@ -312,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--arms: fixed, adaptive or fixed,adaptive")
     if args.num_prompts < 1 or args.max_tokens < 1 or args.repeats < 1:
         raise SystemExit("--num-prompts, --max-tokens and --repeats must be >= 1")
+    if args.min_seconds < 0:
+        raise SystemExit("--min-seconds must be >= 0")
     torch.set_num_threads(args.threads)
     try:
         config = load_config(args.config)
@@ -358,25 +415,20 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[dict[str, Any]] = []
     total = len(loads) * len(concurrencies) * len(arms) * args.num_prompts * args.repeats
-    with reporter.progress(total) as advance:
+    with reporter.progress(total) as progress:
         for load in loads:
             for arm in arms:
                 bench.warm_up(arm, load)
             for concurrency in concurrencies:
-                # repeats alternate the arms' order, so that drift on a noisy machine spreads evenly
-                runs: dict[str, list[LoopResult]] = {arm.name: [] for arm in arms}
-                for repeat in range(args.repeats):
-                    for arm in arms if repeat % 2 == 0 else arms[::-1]:
-                        runs[arm.name].append(
-                            run_closed_loop(
-                                bench.engine(arm, load.name),
-                                load.prompts,
-                                concurrency=concurrency,
-                                max_tokens=args.max_tokens,
-                                num_draft_tokens=arm.k,
-                                on_finish=advance,
-                            )
-                        )
+                run = functools.partial(
+                    bench.run,
+                    load=load,
+                    concurrency=concurrency,
+                    max_tokens=args.max_tokens,
+                    on_finish=progress.advance,
+                )
+                extend = functools.partial(progress.extend, len(arms) * args.num_prompts)
+                runs = run_point(arms, run, args.repeats, args.min_seconds, extend)
                 plain: dict[str, Any] | None = None
                 for arm in arms:
                     result = LoopResult.merged(runs[arm.name])
