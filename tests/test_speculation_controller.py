@@ -159,8 +159,23 @@ def test_no_catch_up_started_just_before_the_batch_grows_past_paying() -> None:
     controller.cost = replace(KNEED, catch_up_token_s=0.001)  # the truth, catching up at 1 ms a token
     assert controller.choose([0], [4], lags=[200], remaining=[500]) == [4]
     assert controller.choose([0], [4], lags=[200], remaining=[500], joining=7) == [0]
-    # its cache already in step: nothing to catch up on, it drafts until the others arrive
-    assert controller.choose([0], [4], lags=[1], remaining=[500], joining=7) == [4]
+    # its cache already in step, nothing to catch up on: it still stays plain while the others
+    # prefill (its draft passes would delay them, and the batch of eight does not pay)
+    assert controller.choose([0], [4], lags=[1], remaining=[500], joining=7) == [0]
+    assert controller.choose([0], [4], lags=[1], remaining=[500], joining=0) == [4]
+
+
+def test_a_step_is_judged_at_the_batch_it_is_about_to_be() -> None:
+    # drafting pays at one or two sequences and not at eight (KNEED): a sequence decoding beside
+    # prompts being prefilled drafts only if the batch those requests make with it would
+    controller = GoodputController(warmup_steps=2, explore_every=10_000)
+    for batch in (1, 2, 8):
+        drive(controller, KNEED, accept=0.9, batch=batch, steps=60)
+    controller.cost = KNEED
+    assert choose_ks([controller.acceptance(0)], [4], KNEED, min_gain=0.03) == [4]  # the step alone
+    assert controller.choose([0], [4], joining=1)[0] > 0  # two sequences: drafting pays
+    assert controller.choose([0], [4], joining=7) == [0]  # eight: it does not
+    assert controller.choose([0, 1], [4, 4], joining=6) == [0, 0]
 
 
 # measured on a 2-core CPU (SmolLM2-135M, its int8 self-draft): a verify pass, a draft pass, and a
