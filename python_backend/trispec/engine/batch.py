@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from trispec.engine.attention import Attention, SeqRows
+from trispec.engine.kv_cache import slots_of
 
 
 @dataclass
@@ -61,9 +62,8 @@ def pack(
         logit_rows.extend(range(t0 + n - s.num_logits, t0 + n))
         tokens.extend(s.tokens)
         table = s.block_table
-        for pos in range(s.start, s.start + n):
-            positions.append(pos)
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        positions.extend(range(s.start, s.start + n))
+        slots.extend(slots_of(table, block_size, range(s.start, s.start + n)))
         if n:
             rows.append(SeqRows(t0, n, s.start, table))
     device = cos.device

@@ -16,7 +16,7 @@ block are simply overwritten by the next append.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +27,11 @@ from trispec.errors import CapacityError, ConfigError
 def blocks_for(num_tokens: int, block_size: int) -> int:
     """Number of blocks needed to hold ``num_tokens`` tokens."""
     return -(-num_tokens // block_size)
+
+
+def slots_of(block_table: Sequence[int], block_size: int, positions: range) -> list[int]:
+    """Cache slots of a sequence's tokens at ``positions``, through its block table."""
+    return [block_table[p // block_size] * block_size + p % block_size for p in positions]
 
 
 @dataclass

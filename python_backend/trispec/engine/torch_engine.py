@@ -17,7 +17,7 @@ import torch
 from trispec.engine.args import ModelArgs
 from trispec.engine.base import ForwardInput, KVUsage
 from trispec.engine.batch import SeqSpec
-from trispec.engine.kv_cache import BlockManager, KVCache
+from trispec.engine.kv_cache import BlockManager, KVCache, slots_of
 from trispec.engine.model import Transformer, build_transformer
 from trispec.engine.weights import random_state_dict
 from trispec.errors import ConfigError, InvalidInputError
@@ -50,13 +50,6 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ConfigError("device", f"unsupported device {device!r} (cpu, cuda, cuda:N)")
     return dev
-
-
-def _slots(table: Sequence[int], block_size: int, positions: range, device: torch.device) -> torch.Tensor:
-    """Cache slots of ``positions`` of a sequence with block table ``table``."""
-    return torch.tensor(
-        [table[p // block_size] * block_size + p % block_size for p in positions], device=device
-    )
 
 
 class TorchEngine:
@@ -250,8 +243,9 @@ class TorchEngine:
             )
         self.blocks.append(seq_id, length - start)
         positions = range(start, length)
-        src = _slots(source.blocks.block_table(seq_id), source.block_size, positions, source.kv.k.device)
-        dst = _slots(self.blocks.block_table(seq_id), self.block_size, positions, self.kv.k.device)
+        src = torch.tensor(slots_of(source.blocks.block_table(seq_id), source.block_size, positions))
+        dst = torch.tensor(slots_of(self.blocks.block_table(seq_id), self.block_size, positions))
+        src, dst = src.to(source.kv.k.device), dst.to(self.kv.k.device)
         for mine, theirs in ((self.kv.k, source.kv.k), (self.kv.v, source.kv.v)):
             mine.index_copy_(2, dst, theirs.index_select(2, src).to(mine.dtype))
 

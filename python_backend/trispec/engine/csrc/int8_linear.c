@@ -20,6 +20,7 @@
 #define PY_SSIZE_T_CLEAN
 #pragma GCC diagnostic ignored "-Wpsabi"
 #include <Python.h>
+#include "kernel_common.h"
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -36,22 +37,6 @@
 typedef float v16 __attribute__((vector_size(16 * sizeof(float))));
 typedef float v8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float v4 __attribute__((vector_size(4 * sizeof(float))));
-
-static inline __attribute__((always_inline)) float bf16_to_f32(uint16_t x) {
-    union { uint32_t u; float f; } v;
-    v.u = ((uint32_t)x) << 16;
-    return v.f;
-}
-
-/* Round to nearest even, as torch's float -> bfloat16 conversion. */
-static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    uint32_t u = v.u;
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* int8 -> float, one native vector: with intrinsics (GCC lowers a generic int8 -> int32 vector
  * conversion lane by lane). The conversion is exact, so every level gives the same floats. */
@@ -136,13 +121,6 @@ static inline __attribute__((always_inline)) void store(const Args* a, int64_t m
 
 typedef void (*columns_fn)(const Args*, int64_t, int64_t, float*, float*);
 
-static int usable_isa(int wanted) {
-    __builtin_cpu_init();
-    if (wanted >= 512 && __builtin_cpu_supports("x86-64-v4")) return 512;
-    if (wanted >= 2 && __builtin_cpu_supports("x86-64-v3")) return 2;
-    return 0;
-}
-
 static int run(const Args* a, int num_threads, int isa) {
     const columns_fn fn = isa == 512 ? columns_avx512 : isa == 2 ? columns_avx2 : columns_baseline;
     const int64_t blocks = (a->N + MAX_COLS - 1) / MAX_COLS;
@@ -163,13 +141,6 @@ static int run(const Args* a, int num_threads, int isa) {
         free(part);
     }
     return failed;
-}
-
-static PyObject* isa_level(PyObject* self, PyObject* args) {
-    (void)self;
-    int wanted;
-    if (!PyArg_ParseTuple(args, "i", &wanted)) return NULL;
-    return PyLong_FromLong(usable_isa(wanted));
 }
 
 static PyObject* linear(PyObject* self, PyObject* args) {

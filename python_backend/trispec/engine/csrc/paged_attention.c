@@ -20,6 +20,7 @@
 /* helpers are always inlined into the per-ISA copies below, so no vector crosses a call */
 #pragma GCC diagnostic ignored "-Wpsabi"
 #include <Python.h>
+#include "kernel_common.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,22 +36,6 @@ typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
 /* Rows of one sequence that share a work item (they share its keys). */
 #define ROWS 8
 #define MAX_GROUP 64
-
-static inline __attribute__((always_inline)) float bf16_to_f32(uint16_t x) {
-    union { uint32_t u; float f; } v;
-    v.u = ((uint32_t)x) << 16;
-    return v.f;
-}
-
-/* Round to nearest even, as torch's float -> bfloat16 conversion. */
-static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    uint32_t u = v.u;
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 static inline __attribute__((always_inline)) vf splat(float x) { return (vf){0} + x; }
 
@@ -224,14 +209,6 @@ __attribute__((target("arch=x86-64-v3"))) static void attend_rows_avx2(const Arg
 }
 static void attend_rows_baseline(const Args* a, int r0, int r1, int kvh, float* w) { attend_rows(a, r0, r1, kvh, w); }
 
-/* The highest level <= `wanted` (512, 2 or 0) that this CPU runs. */
-static int usable_isa(int wanted) {
-    __builtin_cpu_init();
-    if (wanted >= 512 && __builtin_cpu_supports("x86-64-v4")) return 512;
-    if (wanted >= 2 && __builtin_cpu_supports("x86-64-v3")) return 2;
-    return 0;
-}
-
 static int run(const Args* a, int num_threads, int isa) {
     const attend_fn fn = isa == 512 ? attend_rows_avx512 : isa == 2 ? attend_rows_avx2 : attend_rows_baseline;
     const int g = a->H / a->KV;
@@ -268,13 +245,6 @@ static int run(const Args* a, int num_threads, int isa) {
     }
     free(starts);
     return failed;
-}
-
-static PyObject* isa_level(PyObject* self, PyObject* args) {
-    (void)self;
-    int wanted;
-    if (!PyArg_ParseTuple(args, "i", &wanted)) return NULL;
-    return PyLong_FromLong(usable_isa(wanted));
 }
 
 static PyObject* attend(PyObject* self, PyObject* args) {
