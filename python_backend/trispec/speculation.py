@@ -168,11 +168,14 @@ class _Acceptance:
             self.tested.append(0.0)
             self.accepted.append(0.0)
         if decay < 1.0:
-            self.tested = [t * decay for t in self.tested]
-            self.accepted = [a * decay for a in self.accepted]
+            self.age(decay)
         for j in range(tested_positions):
             self.tested[j] += 1
             self.accepted[j] += j < accepted
+
+    def age(self, decay: float) -> None:
+        self.tested = [t * decay for t in self.tested]
+        self.accepted = [a * decay for a in self.accepted]
 
 
 class GoodputController:
@@ -214,6 +217,7 @@ class GoodputController:
         hopeful_accept: float = 0.9,
         prior_rate: float = 0.6,
         prior_strength: float = 3.0,
+        plain_round_decay: float = 0.8,
     ) -> None:
         self.window = window
         self.warmup_steps = warmup_steps
@@ -232,6 +236,7 @@ class GoodputController:
         self._explorations = 0
         self.prior_rate = prior_rate
         self.prior_strength = prior_strength
+        self.plain_round_decay = plain_round_decay
         # the last ``window`` samples of each shape: (rows) -> verify seconds, (sequences in each draft
         # pass) -> draft seconds, and catch-up steps. Kept per shape, because a batch that runs
         # plain for a long while repeats one shape; a plain sliding window would then forget what
@@ -456,9 +461,17 @@ class GoodputController:
 
     # -- measurements --------------------------------------------------------------------------
     def record_round(self, seq_id: int, drafted: int, accepted: int) -> None:
+        own = self._requests.get(seq_id)
         if drafted:
             self._requests.setdefault(seq_id, _Acceptance()).record(drafted, accepted)
             self._global.record(drafted, accepted, decay=0.995)  # follows drift in the mix
+        elif own is not None:
+            # a request put at k = 0 by its own rates is never measured again: one unlucky early
+            # round kept it plain for life, at a drafting batch's step time (2.4x a plain step on
+            # the 135M self-draft at 8 requests), and a closed loop waited on it. Evidence not
+            # renewed fades back towards the global rate, so such a request is tried again soon,
+            # while a long record of rejections still keeps it plain for a while
+            own.age(self.plain_round_decay)
 
     def record_step(
         self,
