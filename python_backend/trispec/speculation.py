@@ -331,6 +331,8 @@ class GoodputController:
         start_s: list[float] | None,
         joining: int,
         glob: list[float],
+        gain: float | None = None,
+        joining_start_s: float = 0.0,
     ) -> list[int]:
         """The step's ks, judged at the batch it is about to be: requests joining (prefilling, or
         queued with room) count as sequences of the global acceptance. Judged alone, a step that
@@ -338,17 +340,19 @@ class GoodputController:
         pays; but the draft passes delay the newcomers' prefill, and as soon as they decode the
         batch is where it may not (measured: 16 requests arriving at once on the 135M self-draft,
         the first decoding sequences drafted for 0.13 s in two ramp-up steps, and such runs came
-        out 1.4 % slower than plain)."""
+        out 1.4 % slower than plain). ``gain``: the promise asked of drafting (``min_gain``);
+        ``joining_start_s``: each joining request's catch-up share."""
         assert self.cost is not None
+        gain = self.min_gain if gain is None else gain
         if not joining:
-            return choose_ks(accepts, max_ks, self.cost, start_s, self.min_gain)
+            return choose_ks(accepts, max_ks, self.cost, start_s, gain)
         cap = max(max_ks)
         full = choose_ks(
             accepts + [glob] * joining,
             [*max_ks, *[cap] * joining],
             self.cost,
-            None if start_s is None else [*start_s, *[0.0] * joining],
-            self.min_gain,
+            None if start_s is None else [*start_s, *[joining_start_s] * joining],
+            gain,
         )
         return full[: len(max_ks)]
 
@@ -376,10 +380,9 @@ class GoodputController:
         starting = {i for i, lag in enumerate(lags) if lag > IN_STEP_LAG and max_ks[i]}  # never empty:
         # the caller asks only when the step's choice starts someone
         typical = sum(start_s[i] for i in starting) / len(starting)
-        shares = [s if i in starting else typical for i, s in enumerate(start_s)] + [typical] * joining
-        cap = max(max_ks)
-        steady = choose_ks(
-            accepts + [glob] * joining, [*max_ks, *[cap] * joining], self.cost, shares, self.start_gain
+        shares = [s if i in starting else typical for i, s in enumerate(start_s)]
+        steady = self._at_full_batch(
+            accepts, max_ks, shares, joining, glob, gain=self.start_gain, joining_start_s=typical
         )
         return [
             self.cost.catch_up_token_s * lags[i] if i in starting and not steady[i] else s
@@ -461,11 +464,10 @@ class GoodputController:
 
     # -- measurements --------------------------------------------------------------------------
     def record_round(self, seq_id: int, drafted: int, accepted: int) -> None:
-        own = self._requests.get(seq_id)
         if drafted:
             self._requests.setdefault(seq_id, _Acceptance()).record(drafted, accepted)
             self._global.record(drafted, accepted, decay=0.995)  # follows drift in the mix
-        elif own is not None:
+        elif (own := self._requests.get(seq_id)) is not None:
             # a request put at k = 0 by its own rates is never measured again: one unlucky early
             # round kept it plain for life, at a drafting batch's step time (2.4x a plain step on
             # the 135M self-draft at 8 requests), and a closed loop waited on it. Evidence not
