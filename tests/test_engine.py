@@ -234,3 +234,18 @@ def test_import_kv_continues_as_if_the_engine_had_computed_the_tokens() -> None:
         copy.import_kv(1, source, 45)
     narrow = TorchEngine.from_random(tiny_args(num_kv_heads=1), 0, num_blocks=8, block_size=8)
     assert not narrow.same_kv_geometry(source) and copy.same_kv_geometry(source)
+
+
+@pytest.mark.parametrize("args", [ARGS, LLAMA], ids=["qwen2-tied", "llama"])
+def test_streamed_bytes_are_the_linear_layers(args: ModelArgs) -> None:
+    # what a 1-token step reads (the bench's GB/s figure): every matmul weight once, the LM head
+    # included even when tied (its packed copy is what the step reads); not the embedding table
+    model = TorchEngine.from_random(args, seed=0, num_blocks=8).model
+    hidden, inter = args.hidden_size, args.intermediate_size
+    qkv_out = args.q_size + 2 * args.kv_size
+    per_layer = qkv_out * hidden + hidden * args.q_size + 2 * inter * hidden + hidden * inter
+    biases = qkv_out if args.arch == "qwen2" or args.attention_bias else 0
+    expected = 4 * (args.num_layers * (per_layer + biases) + args.vocab_size * hidden)
+    assert model.streamed_bytes == expected
+    table_and_norm = 4 * (args.vocab_size * hidden + hidden)
+    assert model.weight_bytes == expected + table_and_norm

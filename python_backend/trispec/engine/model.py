@@ -91,19 +91,24 @@ class Transformer:
         cos, sin = rope_tables(args, rope_length or args.max_position_embeddings)
         self.cos, self.sin = cos.to(dtype).to(embed.device), sin.to(dtype).to(embed.device)
 
+    def linears(self) -> list[Linear]:
+        return [
+            self.lm_head,
+            *(m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)),
+        ]
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of every weight the network holds, as stored (packed, quantized); a tensor shared
         by two roles (a tied int8 embedding and LM head) counts once."""
-        linears = [
-            self.lm_head,
-            *(m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)),
-        ]
         tensors = [t for t in (self.embed, self.embed_scales, self.norm) if t is not None]
-        tensors += [t for m in linears for t in m.tensors()]
-        # a packed (opaque) tensor has no storage to share
-        unique = {t.data_ptr() if t.layout == torch.strided else -i: t for i, t in enumerate(tensors, 1)}
-        return sum(t.numel() * t.element_size() for t in unique.values())
+        return _distinct_bytes(tensors + [t for m in self.linears() for t in m.tensors()])
+
+    @property
+    def streamed_bytes(self) -> int:
+        """Bytes a 1-token step reads from the weights: the linear layers' (the LM head's
+        included), not the embedding table, of which it reads a row."""
+        return _distinct_bytes([t for m in self.linears() for t in m.tensors()])
 
     def make_batch(self, seqs: Sequence[SeqSpec], block_size: int) -> tuple[Batch, list[tuple[int, int]]]:
         """Pack ``seqs`` for ``forward`` (see ``batch.pack``)."""
@@ -243,3 +248,9 @@ def dense_head(
 
 # rows per block of a large untied LM head (see RowSplitLinear)
 HEAD_BLOCK_ROWS = 32768
+
+
+def _distinct_bytes(tensors: list[torch.Tensor]) -> int:
+    # a packed (opaque) tensor has no storage to share
+    unique = {t.data_ptr() if t.layout == torch.strided else -i: t for i, t in enumerate(tensors, 1)}
+    return sum(t.numel() * t.element_size() for t in unique.values())
