@@ -207,6 +207,12 @@ def test_main_refuses_unknown_drafter_before_loading(capsys: pytest.CaptureFixtu
         main(["--drafters", "eagle"])
 
 
+@pytest.mark.parametrize("names", ["foo", ",", "humaneval,foo"])
+def test_main_refuses_unknown_workloads_before_loading(names: str) -> None:
+    with pytest.raises(SystemExit, match="--workloads: comma-separated names from humaneval, sharegpt, edit"):
+        main(["--workloads", names])
+
+
 def timed_runs(seconds: dict[str, float]):
     """A run function for ``run_point`` whose runs take the given seconds per arm; it logs the order."""
     order: list[str] = []

@@ -369,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--num-prompts, --max-tokens and --repeats must be >= 1")
     if args.min_seconds < 0:
         raise SystemExit("--min-seconds must be >= 0")
+    from trispec.bench import workloads
+
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if not names or not set(names) <= set(workloads.WORKLOADS):
+        raise SystemExit(f"--workloads: comma-separated names from {', '.join(workloads.WORKLOADS)}")
     torch.set_num_threads(args.threads)
     try:
         config = load_config(args.config)
@@ -393,8 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(config.target, "target")
     max_context = config.scheduler.max_context or 4096
     max_prompt = max_context - args.max_tokens - max(ks) - 1
-    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    loads = load_workloads(names, tokenizer, args.num_prompts, 2, args.seed, max_prompt)
+    try:
+        loads = load_workloads(names, tokenizer, args.num_prompts, 2, args.seed, max_prompt)
+    except workloads.WorkloadDataMissing as exc:
+        raise SystemExit(f"workload data: {exc}") from None
     longest = max(len(p) for w in loads for p in w.prompts + w.warmup)
 
     hf = None
