@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from test_llm import save_tiny_checkpoint
 from tiny import TINY_VOCAB, model_drafter, spec_engine, tiny_engine
+from trispec.bench import engine as engine_bench
 from trispec.bench import workloads
 from trispec.bench.arms import Arm, default_drafters, make_arms, variant
 from trispec.bench.closed_loop import LoopResult, run_closed_loop
@@ -211,6 +212,17 @@ def test_main_refuses_unknown_drafter_before_loading(capsys: pytest.CaptureFixtu
 def test_main_refuses_unknown_workloads_before_loading(names: str) -> None:
     with pytest.raises(SystemExit, match="--workloads: comma-separated names from humaneval, sharegpt, edit"):
         main(["--workloads", names])
+
+
+@pytest.mark.parametrize("argv", [["--reps", "0"], ["--new-tokens", "0"], ["--threads", "0"]])
+def test_engine_bench_refuses_bad_counts(argv: list[str]) -> None:
+    with pytest.raises(SystemExit, match="must be >= 1"):
+        engine_bench.main([*argv, "--no-hf"])
+
+
+def test_engine_bench_reports_a_bad_checkpoint_as_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"config error: checkpoint: .*expected a \.gguf file"):
+        engine_bench.main(["--checkpoint", str(tmp_path / "missing.gguf"), "--no-hf"])
 
 
 def timed_runs(seconds: dict[str, float]):

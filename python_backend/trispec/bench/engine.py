@@ -26,6 +26,7 @@ import torch
 
 from trispec.engine.base import ForwardInput
 from trispec.engine.torch_engine import TorchEngine
+from trispec.errors import ConfigError
 
 # A chat-formatted prompt in SmolLM2's tokenizer ("What is the capital of France?").
 PROMPT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
@@ -197,14 +198,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-hf", action="store_true", help="skip the HF transformers comparison")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     a = p.parse_args(argv)
+    if a.threads < 1 or a.reps < 1 or a.new_tokens < 1:
+        raise SystemExit("--threads, --reps and --new-tokens must be >= 1")
     if a.checkpoint is None:
         from trispec.checkpoints import smollm2_gguf
 
         a.checkpoint = smollm2_gguf()
     log = (lambda _s: None) if a.json else (lambda s: print(s, flush=True))
-    res = run(
-        a.checkpoint, threads=a.threads, reps=a.reps, new_tokens=a.new_tokens, with_hf=not a.no_hf, log=log
-    )
+    try:
+        res = run(
+            a.checkpoint,
+            threads=a.threads,
+            reps=a.reps,
+            new_tokens=a.new_tokens,
+            with_hf=not a.no_hf,
+            log=log,
+        )
+    except ConfigError as exc:
+        raise SystemExit(f"config error: {exc}") from None
     if a.json:
         print(json.dumps(res, indent=2))
     return 0
