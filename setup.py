@@ -15,4 +15,4 @@ def kernel(name: str) -> Extension:
     )
 
 
-setup(ext_modules=[kernel("paged_attention"), kernel("int8_linear")])
+setup(ext_modules=[kernel("paged_attention"), kernel("int8_linear"), kernel("gguf_linear")])

@@ -1,7 +1,8 @@
 """Batch invariance: a token's logits are bit-identical whatever shares its forward pass.
 
 Alone or with up to 31 other sequences of any length, verified together with any number of drafts,
-its prompt prefilled in any chunks: the same bits, for float32, bfloat16 and int8 weights, on the
+its prompt prefilled in any chunks: the same bits, for float32, bfloat16, int8 and GGUF-block
+weights, on the
 tiny test shape and on a SmolLM2-wide shape whose long reductions (K = 1536) are where oneDNN's
 one-row path splits work across threads. On top of that, through the llm: greedy speculation
 equals target-only decoding and a seeded sampled request gives the same tokens alone and batched.
@@ -18,6 +19,7 @@ import random
 
 import pytest
 import torch
+from gguf_files import random_gguf
 from tiny import (
     model_drafter,
     reference_greedy,
@@ -42,11 +44,15 @@ VARIANTS = {
     "float32": {},
     "bfloat16": {"dtype": "bfloat16"},
     "int8": {"weight_quant": "int8"},
+    "gguf": {"weight_quant": "gguf"},  # the model written as a GGUF file in legacy types, its blocks
 }
 
 
 def engine(shape: str, variant: str) -> TorchEngine:
     args = WIDE if shape == "wide" else tiny_args()
+    if variant == "gguf":
+        path = random_gguf(args, 0)
+        return TorchEngine.from_checkpoint(path, num_blocks=1200, block_size=8, **VARIANTS[variant])
     return TorchEngine.from_random(args, 0, num_blocks=1200, block_size=8, **VARIANTS[variant])
 
 

@@ -50,6 +50,41 @@ def test_default_config_loads() -> None:
         ),
         ({**MINIMAL, "drafter": {"kind": "ngram", "with_suffix": True}}, "drafter", "with_suffix"),
         ({}, "target", "required"),
+        (
+            {"target": {"checkpoint": {"path": "/m.gguf"}, "weights": "gguf", "dtype": "bfloat16"}},
+            "target",
+            "dtype float32",
+        ),
+        (
+            {"target": {"checkpoint": {"path": "/m.gguf"}, "weights": "gguf", "device": "cuda"}},
+            "target",
+            "CPU",
+        ),
+        ({"target": {"checkpoint": {"path": "/tmp"}, "weights": "gguf"}}, "target", ".gguf checkpoint"),
+        ({"target": {"checkpoint": {"path": "/m.gguf"}, "weights": "int4"}}, "target.weights", "gguf"),
+        # the target's own blocks compute the target's own values: a faster target, not a draft
+        ({**MINIMAL, "drafter": {"kind": "self", "precision": "gguf"}}, "drafter", "target.weights: gguf"),
+        (
+            {
+                **MINIMAL,
+                "drafter": {
+                    "kind": "model",
+                    "precision": "int8",
+                    "model": {"checkpoint": {"path": "/d.gguf"}, "weights": "gguf"},
+                },
+            },
+            "drafter",
+            "once",
+        ),
+        (
+            {
+                "engine": {"kind": "trtllm"},
+                "target": {"checkpoint": {"path": "/m.gguf"}, "weights": "gguf"},
+                "drafter": {"kind": "self", "precision": "int8"},
+            },
+            "target.weights",
+            "torch engine",
+        ),
     ],
 )
 def test_bad_config_names_the_key(data: dict, field: str, words: str) -> None:
@@ -86,3 +121,9 @@ def test_missing_package_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as info:
         config.target.checkpoint.resolve("target.checkpoint")
     assert info.value.field == "target.checkpoint.package"
+
+
+def test_the_gguf_pair_config_loads() -> None:
+    config = load_config(Path(DEFAULT_CONFIG_PATH).parent / "qwen-coder-pair-gguf.yaml")
+    assert config.target.weights == "gguf" and config.drafter.model is not None
+    assert config.drafter.model.weights == "gguf" and config.drafter.precision is None

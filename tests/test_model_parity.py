@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from gguf_files import T, llama_cpp_permute, write_gguf
 from tiny import tiny_args
 from trispec.engine.args import ModelArgs
 from trispec.engine.base import ForwardInput
@@ -94,64 +94,6 @@ def test_hf_config_round_trip() -> None:
 # -- (c) GGUF written here ------------------------------------------------------------------------
 
 
-def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """What llama.cpp's convert_hf_to_gguf.py does to llama q/k rows."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def write_gguf(path: Path, args: ModelArgs, sd: dict[str, torch.Tensor], *, q8_ffn: bool = False) -> None:
-    import gguf
-
-    arch = args.arch
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(args.num_layers)
-    w.add_context_length(args.max_position_embeddings)
-    w.add_embedding_length(args.hidden_size)
-    w.add_feed_forward_length(args.intermediate_size)
-    w.add_head_count(args.num_heads)
-    w.add_head_count_kv(args.num_kv_heads)
-    w.add_rope_freq_base(args.rope_theta)
-    w.add_layer_norm_rms_eps(args.rms_norm_eps)
-    w.add_vocab_size(args.vocab_size)
-    names = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    per_layer = {
-        "input_layernorm.weight": "attn_norm.weight",
-        "post_attention_layernorm.weight": "ffn_norm.weight",
-        "self_attn.q_proj.weight": "attn_q.weight",
-        "self_attn.k_proj.weight": "attn_k.weight",
-        "self_attn.v_proj.weight": "attn_v.weight",
-        "self_attn.o_proj.weight": "attn_output.weight",
-        "self_attn.q_proj.bias": "attn_q.bias",
-        "self_attn.k_proj.bias": "attn_k.bias",
-        "self_attn.v_proj.bias": "attn_v.bias",
-        "mlp.gate_proj.weight": "ffn_gate.weight",
-        "mlp.up_proj.weight": "ffn_up.weight",
-        "mlp.down_proj.weight": "ffn_down.weight",
-    }
-    for i in range(args.num_layers):
-        for hf, gg in per_layer.items():
-            names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
-    for hf_name, tensor in sd.items():
-        data = tensor.numpy().astype(np.float32)
-        if arch == "llama" and hf_name.endswith("q_proj.weight"):
-            data = llama_cpp_permute(data, args.num_heads)
-        elif arch == "llama" and hf_name.endswith("k_proj.weight"):
-            data = llama_cpp_permute(data, args.num_kv_heads)
-        if q8_ffn and "mlp." in hf_name:
-            q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(names[hf_name], q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(names[hf_name], data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 @pytest.mark.parametrize("args", [QWEN2, LLAMA], ids=["qwen2", "llama-permuted"])
 def test_tiny_gguf_round_trip(args: ModelArgs, tmp_path: Path) -> None:
     sd = random_state_dict(args, seed=5)
@@ -175,7 +117,7 @@ def test_tiny_gguf_round_trip(args: ModelArgs, tmp_path: Path) -> None:
 def test_gguf_quantized_tensor_dequantizes(tmp_path: Path) -> None:
     sd = random_state_dict(LLAMA, seed=6)
     path = tmp_path / "q8.gguf"
-    write_gguf(path, LLAMA, sd, q8_ffn=True)
+    write_gguf(path, LLAMA, sd, types=lambda name: T.Q8_0 if "mlp." in name else None)
     _, loaded = load_gguf(path)
     w, ref = loaded["model.layers.0.mlp.down_proj.weight"], sd["model.layers.0.mlp.down_proj.weight"]
     assert w.shape == ref.shape and w.dtype == torch.float32

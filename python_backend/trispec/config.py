@@ -68,11 +68,26 @@ class CheckpointConfig(_Strict):
 class ModelConfig(_Strict):
     checkpoint: CheckpointConfig
     dtype: Literal["float32", "bfloat16"] = "float32"
+    # dense: dequantised to dtype at load; gguf: a GGUF file's own quantised blocks, decoded inside the
+    # matmul to the same float32 values (the same model, 4-7x fewer bytes read per step; CPU, float32)
+    weights: Literal["dense", "gguf"] = "dense"
     # where the torch engine runs: cpu, or an NVIDIA GPU (cuda, cuda:N); a self-draft follows the target
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     # tokenizer.json; default: converted once from the GGUF, or tokenizer.json beside HF weights
     tokenizer: Path | None = None
     kv_cache_mb: float = Field(256.0, gt=0)
+
+    @model_validator(mode="after")
+    def _gguf_weights(self) -> ModelConfig:
+        if self.weights == "gguf" and (self.dtype != "float32" or self.device != "cpu"):
+            raise ValueError("weights: gguf runs on the CPU with dtype float32")
+        if (
+            self.weights == "gguf"
+            and self.checkpoint.path is not None
+            and self.checkpoint.path.suffix != ".gguf"
+        ):
+            raise ValueError(f"weights: gguf needs a .gguf checkpoint, not {self.checkpoint.path}")
+        return self
 
 
 class NgramConfig(_Strict):
@@ -105,9 +120,10 @@ class DrafterConfig(_Strict):
     kind: Literal["self", "model", "ngram", "suffix", "none"] = "self"
     with_suffix: bool = False
     suffix: SuffixConfig = SuffixConfig()
-    # the draft engine's precision: int8 weight-only (per-channel scales, bf16 activations) or
-    # bfloat16; unset: bfloat16 for a self-draft, the draft model's own ``dtype`` for kind model
-    precision: Literal["bfloat16", "int8"] | None = None
+    # the draft engine's precision: int8 weight-only (per-channel scales, bf16 activations),
+    # bfloat16, or (kind model) gguf: the draft model's own GGUF blocks (see ModelConfig.weights);
+    # unset: bfloat16 for a self-draft, the draft model's own dtype and weights for kind model
+    precision: Literal["bfloat16", "int8", "gguf"] | None = None
     model: ModelConfig | None = None
     ngram: NgramConfig = NgramConfig()
     kv_cache_mb: float = Field(256.0, gt=0)
@@ -120,6 +136,14 @@ class DrafterConfig(_Strict):
             raise ValueError(f"'model' is only used with kind 'model', not {self.kind!r}")
         if self.with_suffix and self.kind not in ("self", "model"):
             raise ValueError("with_suffix goes with a model draft (kind self or model)")
+        if self.precision == "gguf" and self.kind != "model":
+            # the target's own blocks compute the target's own values: that is the target with
+            # weights: gguf, not a draft
+            raise ValueError(
+                "precision gguf goes with kind model; for a faster target set target.weights: gguf"
+            )
+        if self.precision is not None and self.model is not None and self.model.weights == "gguf":
+            raise ValueError("give the draft model's precision once: precision, or model.weights: gguf")
         return self
 
 
@@ -245,6 +269,12 @@ class SpecDecConfig(_Strict):
         if self.engine.kind != "trtllm":
             return self
         trt = self.trtllm or TrtllmConfig()
+        for field, model in (("target", self.target), ("drafter.model", self.drafter.model)):
+            if model is not None and model.weights == "gguf":
+                raise ConfigError(
+                    f"{field}.weights",
+                    "gguf is a torch engine setting; TensorRT-LLM builds its weights (trtllm.weight_only)",
+                )
         if self.drafter.kind == "self" and self.drafter.precision != "int8":
             raise ConfigError(
                 "drafter.precision",

@@ -5,8 +5,9 @@ Drafter names (``--drafters``):
 
 ``self-int8``, ``self-bf16``
     the target's own weights at lower precision (int8 weight-only, or bfloat16).
-``model``, ``model-int8``, ``model-bf16``, ``model-fp32``
-    the config's ``drafter.model`` checkpoint: at the config's precision, or the one named.
+``model``, ``model-int8``, ``model-bf16``, ``model-fp32``, ``model-gguf``
+    the config's ``drafter.model`` checkpoint: at the config's precision, or the one named (``gguf``:
+    its own GGUF blocks, float32).
 ``ngram``, ``suffix``
     model-free: prompt lookup, suffix decoding (settings from the config's ``drafter`` section).
 ``<model drafter>+suffix``
@@ -24,7 +25,8 @@ from trispec.errors import ConfigError
 from trispec.runners.torch_build import Checkpoint, build_draft_engine, make_drafter
 
 MODEL_FREE = ("ngram", "suffix")
-_PRECISIONS = {"int8": "int8", "bf16": "bfloat16", "fp32": None}
+_PRECISIONS = {"int8": "int8", "bf16": "bfloat16", "fp32": None, "gguf": "gguf"}
+_SHORT = {"int8": "int8", "bfloat16": "bf16", "gguf": "gguf"}
 PLAIN = "plain"
 
 
@@ -56,7 +58,7 @@ def config_drafter_name(config: SpecDecConfig) -> str | None:
     if d.kind == "self":
         name = "self-int8" if d.precision == "int8" else "self-bf16"
     else:
-        name = "model" if d.precision is None else f"model-{'int8' if d.precision == 'int8' else 'bf16'}"
+        name = "model" if d.precision is None else f"model-{_SHORT[d.precision]}"
     return name + "+suffix" if d.with_suffix else name
 
 
@@ -83,11 +85,13 @@ def variant(config: SpecDecConfig, name: str) -> SpecDecConfig:
             raise ConfigError("--drafters", f"{name!r} needs a drafter.model section in the config")
         suffix = base.removeprefix("model").removeprefix("-")
         if suffix and suffix not in _PRECISIONS:
-            raise ConfigError("--drafters", f"unknown precision in {name!r} (int8, bf16, fp32)")
+            raise ConfigError("--drafters", f"unknown precision in {name!r} (int8, bf16, fp32, gguf)")
         precision = _PRECISIONS[suffix] if suffix else d.precision
         update = {"kind": "model", "precision": precision, "with_suffix": with_suffix}
         if suffix == "fp32":
-            update["model"] = d.model.model_copy(update={"dtype": "float32"})
+            update["model"] = d.model.model_copy(update={"dtype": "float32", "weights": "dense"})
+        elif suffix:  # the precision named replaces the model's own weights setting
+            update["model"] = d.model.model_copy(update={"weights": "dense"})
     else:
         raise ConfigError("--drafters", f"unknown drafter {name!r}")
     return config.model_copy(update={"drafter": d.model_copy(update=update)})

@@ -1,11 +1,12 @@
 """Engine micro-benchmark on SmolLM2-135M (``specdec-bench-engine``).
 
 Prints, in one run: the fp32 1-token decode step, the 5-token verify step (one sequence, logits for
-all 5) and their ratio; the rate at which the decode step reads the weights, beside the rate
-``torch.sum`` reads a buffer larger than any cache (how close decoding runs to the memory's speed,
-which bounds it); the 1-token draft step of the self-draft variants (bf16 copy, int8
-weight-only); and greedy tokens/s of our engine vs HF transformers' ``generate`` on the same GGUF
-weights in fp32.
+all 5) and their ratio, and for a GGUF checkpoint the same steps on its own blocks (``weights:
+gguf``); the rate at which the decode step reads the weights, beside the rate ``torch.sum`` reads a
+buffer larger than any cache (how close decoding runs to the memory's speed, which bounds it); the
+1-token draft step of the self-draft variants (bf16 copy, int8 weight-only); and greedy tokens/s of
+our engine (dense, and on the blocks) vs HF transformers' ``generate`` on the same GGUF weights in
+fp32.
 
 Every number is the median of the timed repetitions after warm-up. The things being compared are
 timed *interleaved* (decode, verify, draft steps in turn; ours and HF's generate in turn) so that a
@@ -131,7 +132,12 @@ def run(
     target = TorchEngine.from_state_dict(args, state_dict, kv_cache_mb=64)
     bf16 = TorchEngine.from_state_dict(args, state_dict, kv_cache_mb=16, dtype="bfloat16")
     int8 = TorchEngine.from_state_dict(args, state_dict, kv_cache_mb=16, weight_quant="int8")
-    timers = [StepTimer(e, context, 5, seq_id=1_000_000) for e in (target, bf16, int8)]
+    # a GGUF checkpoint also runs on its own blocks (weights: gguf): the same values, fewer bytes
+    blocks = None
+    if getattr(state_dict, "has_blocks", False):
+        blocks = TorchEngine.from_state_dict(args, state_dict, kv_cache_mb=64, weight_quant="gguf")
+    engines = [e for e in (target, bf16, int8, blocks) if e is not None]
+    timers = [StepTimer(e, context, 5, seq_id=1_000_000) for e in engines]
     probe = torch.ones(STREAM_PROBE_BYTES // 4)
     steps = {
         "decode_1tok": timers[0].step(1),
@@ -140,6 +146,8 @@ def run(
         "draft_int8_1tok": timers[2].step(1),
         "stream_probe": probe.sum,
     }
+    if blocks is not None:
+        steps["gguf_decode_1tok"], steps["gguf_verify_5tok"] = timers[3].step(1), timers[3].step(5)
     ms = {k: v * 1e3 for k, v in interleaved_medians(steps, reps * 4, warmup=3).items()}
     for t in timers:
         t.close()
@@ -158,6 +166,12 @@ def run(
     )
     log(f"self-draft bf16   draft step (1 token)  : {ms['draft_bf16_1tok']:8.2f} ms")
     log(f"self-draft int8   draft step (1 token)  : {ms['draft_int8_1tok']:8.2f} ms")
+    if blocks is not None:
+        res["gguf_verify_decode_ratio"] = ms["gguf_verify_5tok"] / ms["gguf_decode_1tok"]
+        res["gguf_decode_weights_gb_s"] = blocks.model.streamed_bytes / ms["gguf_decode_1tok"] / 1e6
+        log(f"target gguf       decode step (1 token) : {ms['gguf_decode_1tok']:8.2f} ms")
+        log(f"target gguf       verify step (5 tokens): {ms['gguf_verify_5tok']:8.2f} ms")
+        log(f"gguf decode step reads its blocks at    : {res['gguf_decode_weights_gb_s']:8.2f} GB/s")
 
     tokens: dict[str, list[int]] = {}
 
@@ -165,6 +179,12 @@ def run(
         tokens["ours"] = greedy(target, PROMPT, new_tokens)
 
     gens: dict[str, Callable[[], object]] = {"ours": ours}
+    if blocks is not None:
+
+        def ours_gguf() -> None:
+            tokens["ours_gguf"] = greedy(blocks, PROMPT, new_tokens)
+
+        gens["ours_gguf"] = ours_gguf
     if with_hf:
         hf = hf_greedy_fn(checkpoint, PROMPT, new_tokens)
 
@@ -175,6 +195,12 @@ def run(
     secs = interleaved_medians(gens, reps, warmup=1)
     res["ours_greedy_tok_s"] = new_tokens / secs["ours"]
     log(f"ours greedy   ({new_tokens} new tokens, incl. prefill): {res['ours_greedy_tok_s']:8.2f} tok/s")
+    if blocks is not None:
+        res["ours_gguf_greedy_tok_s"] = new_tokens / secs["ours_gguf"]
+        res["gguf_tokens_match_dense"] = tokens["ours_gguf"] == tokens["ours"]
+        tok_s = res["ours_gguf_greedy_tok_s"]
+        log(f"ours gguf     ({new_tokens} new tokens, incl. prefill): {tok_s:8.2f} tok/s")
+        log(f"gguf greedy tokens identical to dense   : {res['gguf_tokens_match_dense']}")
     if with_hf:
         res["hf_greedy_tok_s"] = new_tokens / secs["hf"]
         res["ours_vs_hf"] = res["ours_greedy_tok_s"] / res["hf_greedy_tok_s"]
@@ -182,6 +208,9 @@ def run(
         res["greedy_tokens_match"] = not diff
         log(f"HF generate   ({new_tokens} new tokens, incl. prefill): {res['hf_greedy_tok_s']:8.2f} tok/s")
         log(f"ours / HF                               : {res['ours_vs_hf']:8.2f}    (goal >= 1)")
+        if blocks is not None:
+            res["ours_gguf_vs_hf"] = res["ours_gguf_greedy_tok_s"] / res["hf_greedy_tok_s"]
+            log(f"ours gguf / HF                          : {res['ours_gguf_vs_hf']:8.2f}")
         log(
             f"greedy tokens identical to HF           : {not diff}"
             + (f" (first diff {diff[0]})" if diff else "")

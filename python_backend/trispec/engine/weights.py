@@ -7,9 +7,10 @@ the Qwen2.5-Coder 1.5B + 0.5B pair eagerly peaked at 18.3 GB RSS for 8.5 GB of f
 * HF layout: a directory with ``config.json`` and ``model.safetensors`` (or a sharded
   ``model.safetensors.index.json``).
 * GGUF (llama.cpp): metadata -> ``ModelArgs``; every tensor dequantized to float32 with
-  ``gguf.quants.dequantize`` (Q4_0/Q4_1/Q8_0/K-quants/F16/...). llama.cpp's converter permutes the rows
-  of ``attn_q``/``attn_k`` for the llama architecture (its RoPE pairs adjacent dims, HF pairs halves);
-  we undo that so the tensors are exactly HF's. Qwen2 files are not permuted.
+  ``gguf.quants.dequantize`` (Q4_0/Q4_1/Q8_0/K-quants/F16/...), or, for ``weights: gguf``, a 2-D
+  tensor's blocks as the file stores them (``LazyStateDict.blocks``). llama.cpp's converter permutes
+  the rows of ``attn_q``/``attn_k`` for the llama architecture (its RoPE pairs adjacent dims, HF pairs
+  halves); we undo that so the tensors are exactly HF's. Qwen2 files are not permuted.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import mmap
 import re
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,20 @@ import torch
 
 from trispec.engine.args import ModelArgs
 from trispec.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class QuantBlocks:
+    """A 2-D GGUF tensor as the file stores it: ``data`` holds its rows (output channels, HF order)
+    as ``ggml_type`` blocks, ``data.shape == (rows, row_bytes)``; ``columns`` values per row."""
+
+    ggml_type: int
+    data: torch.Tensor  # uint8 [rows, row_bytes]
+    columns: int
+
+    @property
+    def rows(self) -> int:
+        return self.data.shape[0]
 
 
 class LazyStateDict(Mapping[str, torch.Tensor]):
@@ -37,9 +53,21 @@ class LazyStateDict(Mapping[str, torch.Tensor]):
         self,
         loaders: dict[str, Callable[[], torch.Tensor]],
         row_loaders: dict[str, Callable[[int, int], torch.Tensor]] | None = None,
+        block_loaders: dict[str, Callable[[], QuantBlocks]] | None = None,
     ) -> None:
         self._loaders = loaders
         self._row_loaders = row_loaders or {}
+        self._block_loaders = block_loaders or {}
+
+    @property
+    def has_blocks(self) -> bool:
+        """Whether ``blocks`` can read tensors as stored (a GGUF file)."""
+        return bool(self._block_loaders)
+
+    def blocks(self, name: str) -> QuantBlocks | None:
+        """A 2-D tensor's GGUF blocks, read from the file (None: not from a GGUF file, or 1-D)."""
+        loader = self._block_loaders.get(name)
+        return None if loader is None else loader()
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self._loaders[name]()
@@ -205,27 +233,45 @@ def load_gguf(path: str | Path) -> tuple[ModelArgs, LazyStateDict]:
     reader.fields.clear()
     loaders: dict[str, Callable[[], torch.Tensor]] = {}
     row_loaders: dict[str, Callable[[int, int], torch.Tensor]] = {}
+    block_loaders: dict[str, Callable[[], QuantBlocks]] = {}
     for t in reader.tensors:
         name = gguf_to_hf_name(t.name)
         if name is None:
             continue
         loaders[name] = functools.partial(_read_gguf_tensor, reader, t, args)
+        if len(t.shape) == 2:
+            block_loaders[name] = functools.partial(_read_gguf_blocks, reader, t, args)
         if name in ("lm_head.weight", "model.embed_tokens.weight"):  # never permuted
             row_loaders[name] = functools.partial(_read_gguf_rows, reader, t)
     if "model.embed_tokens.weight" not in loaders:
         raise ConfigError("checkpoint", f"{path}: no token_embd.weight")
-    return args, LazyStateDict(loaders, row_loaders)
+    return args, LazyStateDict(loaders, row_loaders, block_loaders)
 
 
 def _read_gguf_tensor(reader: object, tensor: object, args: ModelArgs) -> torch.Tensor:
     w = dequantize_tensor(tensor)
     _drop_pages(reader, tensor.data_offset, tensor.n_bytes)  # type: ignore[attr-defined]
+    return _to_hf_rows(w, tensor, args)
+
+
+def _to_hf_rows(w: torch.Tensor, tensor: object, args: ModelArgs) -> torch.Tensor:
+    """Undo llama.cpp's row permutation of llama q/k (rows are whole output channels, so this works
+    on dequantised values and on a row's blocks alike)."""
     name: str = tensor.name  # type: ignore[attr-defined]
     if args.arch == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):
-        w = unpermute_llama_qk(w, args.num_heads)
-    elif args.arch == "llama" and name.endswith(("attn_k.weight", "attn_k.bias")):
-        w = unpermute_llama_qk(w, args.num_kv_heads)
+        return unpermute_llama_qk(w, args.num_heads)
+    if args.arch == "llama" and name.endswith(("attn_k.weight", "attn_k.bias")):
+        return unpermute_llama_qk(w, args.num_kv_heads)
     return w
+
+
+def _read_gguf_blocks(reader: object, tensor: object, args: ModelArgs) -> QuantBlocks:
+    """A 2-D tensor's bytes, copied out of the memory map (whose pages are then dropped), one row
+    of blocks per output channel."""
+    rows, columns = (int(s) for s in reversed(tensor.shape))  # type: ignore[attr-defined]  # GGUF: [in, out]
+    data = torch.from_numpy(np.ascontiguousarray(tensor.data).view(np.uint8).reshape(rows, -1).copy())  # type: ignore[attr-defined]
+    _drop_pages(reader, tensor.data_offset, tensor.n_bytes)  # type: ignore[attr-defined]
+    return QuantBlocks(int(tensor.tensor_type), _to_hf_rows(data, tensor, args).contiguous(), columns)  # type: ignore[attr-defined]
 
 
 # -- random weights (tests, benchmarks of model shapes) ----------------------------------------------

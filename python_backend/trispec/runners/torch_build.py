@@ -23,6 +23,7 @@ def build_engine(
     model: ModelConfig, field: str, sched: SchedulerConfig, checkpoint: Checkpoint | None = None, **kw: Any
 ) -> TorchEngine:
     args, state_dict = checkpoint or load_checkpoint(model.checkpoint.resolve(f"{field}.checkpoint"))
+    kw.setdefault("weight_quant", "gguf" if model.weights == "gguf" else None)
     return TorchEngine.from_state_dict(
         args,
         state_dict,
@@ -71,12 +72,16 @@ def build_draft_engine(config: SpecDecConfig, target_checkpoint: Checkpoint) -> 
     weight_quant = "int8" if drafter.precision == "int8" else None
     if drafter.kind == "self":
         # the target's own weights at lower precision (the same file, read again lazily)
-        model = config.target.model_copy(update={"kv_cache_mb": drafter.kv_cache_mb, "dtype": "bfloat16"})
+        update = {"kv_cache_mb": drafter.kv_cache_mb, "dtype": "bfloat16", "weights": "dense"}
+        model = config.target.model_copy(update=update)
         return build_engine(model, "target", config.scheduler, target_checkpoint, weight_quant=weight_quant)
     if drafter.kind == "model":
         assert drafter.model is not None
         model = drafter.model
-        if drafter.precision is not None:
-            model = model.model_copy(update={"dtype": "bfloat16"})
-        return build_engine(model, "drafter.model", config.scheduler, weight_quant=weight_quant)
+        if drafter.precision == "gguf":
+            model = model.model_copy(update={"dtype": "float32", "weights": "gguf"})
+        elif drafter.precision is not None:
+            model = model.model_copy(update={"dtype": "bfloat16", "weights": "dense"})
+            return build_engine(model, "drafter.model", config.scheduler, weight_quant=weight_quant)
+        return build_engine(model, "drafter.model", config.scheduler)
     return None

@@ -45,7 +45,8 @@ def render_config_pbtxt(config_path: Path | None) -> str:
     if config.drafter.kind == "self":
         drafter += f" ({config.drafter.precision or 'bfloat16'})"
     elif config.drafter.model is not None:
-        drafter += f" ({config.drafter.precision or config.drafter.model.dtype})"
+        model = config.drafter.model
+        drafter += f" ({config.drafter.precision or ('gguf' if model.weights == 'gguf' else model.dtype)})"
     inputs = ",\n".join(_tensor(s, True) for s in INPUTS)
     outputs = ",\n".join(_tensor(s, False) for s in OUTPUTS)
     # the model reads everything from the YAML; with TensorRT-LLM the engines, GPUs and KV budget are
