@@ -25,10 +25,11 @@
  * slot by slot: lane L takes slots 16 h + L.
  *
  * Two paths, the same numbers: up to STREAM_ROWS rows (a decode step, a verify pass) decode each
- * group of 32 straight into registers (gguf_slices_avx2.h); more rows decode a chunk of a few
- * columns once into a buffer and run register tiles over it (gguf_linear_tiles.h). One copy runs on
- * AVX2 (x86-64-v3) machines, AVX-512 ones included; the baseline copy uses fmaf, so it gives the
- * same bits, slower. No -ffast-math.
+ * group of 32 straight into registers (gguf_slices_avx2.h, and gguf_slices_avx512.h on AVX-512
+ * machines: the same lanes, two slices per register); more rows decode a chunk of a few columns
+ * once into a buffer and run register tiles over it (gguf_linear_tiles.h), the AVX2 copy on AVX2
+ * and AVX-512 machines alike. The baseline copy uses fmaf, so it gives the same bits, slower. No
+ * -ffast-math.
  */
 #define PY_SSIZE_T_CLEAN
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -48,6 +49,8 @@
 #define MAX_ROWS 4 /* rows per buffered tile: 4 rows x 3 columns of 8-lane accumulators in 12 registers */
 #define X_BLOCK_BYTES (512 * 1024) /* rows of x per block: they stay in L2 while the columns pass */
 #define STREAM_ROWS 5 /* up to this many rows, values go from codes to the multiply-adds in registers */
+#define COLS512 4 /* the AVX-512 buffered path's columns per tile... */
+#define ROWS512 4 /* ...and rows: 16 accumulators of 16 lanes */
 
 /* ggml's type ids (ggml.h, gguf-py GGMLQuantizationType) */
 enum { T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
@@ -165,6 +168,7 @@ static inline __attribute__((always_inline)) float f16_baseline(const uint8_t* p
 
 /* one copy of the decoders and tiles per ISA level, as in the other kernels */
 #include "gguf_slices_avx2.h"
+#include "gguf_slices_avx512.h"
 #define HAS_SLICES
 #define ISA avx2
 #define ISA_ATTR __attribute__((target("arch=x86-64-v3")))
@@ -183,9 +187,11 @@ static inline __attribute__((always_inline)) float f16_baseline(const uint8_t* p
 static int run(const Args* given, int num_threads, int isa) {
     const Args* a = given;
     const int avx2 = isa >= 2;
-    const int64_t blocks = (a->N + COLS - 1) / COLS;
-    const int64_t rows = a->M < rows_per_block(a->K) ? a->M : rows_per_block(a->K);
+    const int wide = isa >= 512 && has_slices(a->format); /* the AVX-512 copies */
     const int stream = avx2 && a->M <= STREAM_ROWS && has_slices(a->format);
+    const int64_t cols = wide && !stream ? COLS512 : COLS; /* columns a thread's range is a multiple of */
+    const int64_t blocks = (a->N + cols - 1) / cols;
+    const int64_t rows = a->M < rows_per_block(a->K) ? a->M : rows_per_block(a->K);
     float* laid = (float*)malloc(sizeof(float) * (size_t)(a->M * a->K));
     if (laid == NULL) return 1;
     Args in_layout = *a;
@@ -198,9 +204,9 @@ static int run(const Args* given, int num_threads, int isa) {
         for (int64_t m = 0; m < a->M; m++) {
             const float* row = a->x + m * a->K;
             float* dst = laid + m * a->K;
-            for (int64_t k0 = 0; k0 < a->K; k0 += stream ? GROUP : K_CHUNK) {
+            for (int64_t k0 = 0; k0 < a->K; k0 += stream || wide ? GROUP : K_CHUNK) {
                 const int64_t kc = a->K - k0 > K_CHUNK ? K_CHUNK : a->K - k0;
-                if (stream)
+                if (stream || wide)
                     to_slots(row + k0, dst + k0);
                 else
                     to_halves(row + k0, kc, dst + k0);
@@ -208,10 +214,21 @@ static int run(const Args* given, int num_threads, int isa) {
         }
         /* then a contiguous range of output columns per thread: each output is computed by one */
         const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-        const int64_t begin = blocks * t / n * COLS, end_ = blocks * (t + 1) / n * COLS;
+        const int64_t begin = blocks * t / n * cols, end_ = blocks * (t + 1) / n * cols;
         const int64_t end = end_ < a->N ? end_ : a->N;
-        if (begin < end && stream) {
+        if (begin < end && stream && wide) {
+            stream_columns512(&in_layout, begin, end);
+        } else if (begin < end && stream) {
             stream_columns(&in_layout, begin, end);
+        } else if (begin < end && wide) {
+            float* buf = (float*)malloc(sizeof(float) * COLS512 * K_CHUNK);
+            float* part = (float*)malloc(sizeof(float) * COLS512 * LANES * (size_t)rows);
+            if (buf == NULL || part == NULL)
+                failed = 1;
+            else
+                columns512(&in_layout, begin, end, buf, part);
+            free(buf);
+            free(part);
         } else if (begin < end) {
             float* buf = (float*)malloc(sizeof(float) * COLS * K_CHUNK);
             float* part = (float*)malloc(sizeof(float) * COLS * LANES * (size_t)rows);
