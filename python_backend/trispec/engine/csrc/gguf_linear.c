@@ -192,7 +192,7 @@ static int run(const Args* given, int num_threads, int isa) {
     const int64_t cols = wide && !stream ? COLS512 : COLS; /* columns a thread's range is a multiple of */
     const int64_t blocks = (a->N + cols - 1) / cols;
     const int64_t rows = a->M < rows_per_block(a->K) ? a->M : rows_per_block(a->K);
-    float* laid = (float*)malloc(sizeof(float) * (size_t)(a->M * a->K));
+    float* laid = (float*)alloc_lines(sizeof(float) * (size_t)(a->M * a->K));
     if (laid == NULL) return 1;
     Args in_layout = *a;
     in_layout.x = laid;
@@ -221,8 +221,8 @@ static int run(const Args* given, int num_threads, int isa) {
         } else if (begin < end && stream) {
             stream_columns(&in_layout, begin, end);
         } else if (begin < end && wide) {
-            float* buf = (float*)malloc(sizeof(float) * COLS512 * K_CHUNK);
-            float* part = (float*)malloc(sizeof(float) * COLS512 * LANES * (size_t)rows);
+            float* buf = (float*)alloc_lines(sizeof(float) * COLS512 * K_CHUNK);
+            float* part = (float*)alloc_lines(sizeof(float) * COLS512 * LANES * (size_t)rows);
             if (buf == NULL || part == NULL)
                 failed = 1;
             else
@@ -230,8 +230,8 @@ static int run(const Args* given, int num_threads, int isa) {
             free(buf);
             free(part);
         } else if (begin < end) {
-            float* buf = (float*)malloc(sizeof(float) * COLS * K_CHUNK);
-            float* part = (float*)malloc(sizeof(float) * COLS * LANES * (size_t)rows);
+            float* buf = (float*)alloc_lines(sizeof(float) * COLS * K_CHUNK);
+            float* part = (float*)alloc_lines(sizeof(float) * COLS * LANES * (size_t)rows);
             if (buf == NULL || part == NULL)
                 failed = 1;
             else if (avx2)
