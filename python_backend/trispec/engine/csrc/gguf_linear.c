@@ -166,9 +166,28 @@ static inline __attribute__((always_inline)) float f16_baseline(const uint8_t* p
     return f16_to_f32_portable(u16_at(p));
 }
 
+/* the formats decoded straight into slot order (name, values and bytes per block), for X(...) */
+#define SLICED_FORMATS(X) \
+    X(q4_0, 32, 18) X(q4_1, 32, 20) X(q5_0, 32, 22) X(q5_1, 32, 24) X(q8_0, 32, 34) X(q4_k, 256, 144) X(q5_k, 256, 176) X(q6_k, 256, 210)
+/* CALL(name) for such a format, then return 1; return 0 for the others (F16, BF16: natural order) */
+#define BY_FORMAT(CALL)                    \
+    switch (f->type) {                     \
+        case T_Q4_0: CALL(q4_0); return 1; \
+        case T_Q4_1: CALL(q4_1); return 1; \
+        case T_Q5_0: CALL(q5_0); return 1; \
+        case T_Q5_1: CALL(q5_1); return 1; \
+        case T_Q8_0: CALL(q8_0); return 1; \
+        case T_Q4_K: CALL(q4_k); return 1; \
+        case T_Q5_K: CALL(q5_k); return 1; \
+        case T_Q6_K: CALL(q6_k); return 1; \
+        default: return 0;                 \
+    }
+
 /* one copy of the decoders and tiles per ISA level, as in the other kernels */
 #include "gguf_slices_avx2.h"
 #include "gguf_slices_avx512.h"
+#undef BY_FORMAT
+#undef SLICED_FORMATS
 #define HAS_SLICES
 #define ISA avx2
 #define ISA_ATTR __attribute__((target("arch=x86-64-v3")))

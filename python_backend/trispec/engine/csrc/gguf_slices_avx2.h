@@ -208,28 +208,8 @@ LEGACY_SLICES(slices_q5_1, 8, 4, 0, 1)
             }                                                                                              \
         }                                                                                                  \
     }
-STREAM_TILE(q4_0, 32, 18)
-STREAM_TILE(q4_1, 32, 20)
-STREAM_TILE(q5_0, 32, 22)
-STREAM_TILE(q5_1, 32, 24)
-STREAM_TILE(q8_0, 32, 34)
-STREAM_TILE(q4_k, 256, 144)
-STREAM_TILE(q5_k, 256, 176)
-STREAM_TILE(q6_k, 256, 210)
+SLICED_FORMATS(STREAM_TILE)
 #undef STREAM_TILE
-
-#define BY_FORMAT(CALL)                                        \
-    switch (f->type) {                                         \
-        case T_Q4_0: CALL(q4_0); return 1;                     \
-        case T_Q4_1: CALL(q4_1); return 1;                     \
-        case T_Q5_0: CALL(q5_0); return 1;                     \
-        case T_Q5_1: CALL(q5_1); return 1;                     \
-        case T_Q8_0: CALL(q8_0); return 1;                     \
-        case T_Q4_K: CALL(q4_k); return 1;                     \
-        case T_Q5_K: CALL(q5_k); return 1;                     \
-        case T_Q6_K: CALL(q6_k); return 1;                     \
-        default: return 0; /* F16, BF16: decoded in natural order */ \
-    }
 
 /* every row (M <= STREAM_ROWS) for output columns [n_begin, n_end); 0 where the format has no slices */
 __attribute__((target("arch=x86-64-v3"))) static int stream_columns(const Args* a, int64_t n_begin, int64_t n_end) {
@@ -248,6 +228,5 @@ __attribute__((target("arch=x86-64-v3"))) static int slices_span(const Format* f
 
 /* whether the format decodes straight into slots (else: natural order, rearranged) */
 static inline int has_slices(const Format* f) { return f->type != T_F16 && f->type != T_BF16; }
-#undef BY_FORMAT
 
 #undef AVX2

@@ -209,43 +209,22 @@ LEGACY512(slices512_q5_1, 8, 4)
             }                                                                                              \
         }                                                                                                  \
     }
-STREAM_TILE512(q4_0, 32, 18)
-STREAM_TILE512(q4_1, 32, 20)
-STREAM_TILE512(q5_0, 32, 22)
-STREAM_TILE512(q5_1, 32, 24)
-STREAM_TILE512(q8_0, 32, 34)
-STREAM_TILE512(q4_k, 256, 144)
-STREAM_TILE512(q5_k, 256, 176)
-STREAM_TILE512(q6_k, 256, 210)
+SLICED_FORMATS(STREAM_TILE512)
 #undef STREAM_TILE512
-
-#define BY_FORMAT512(CALL)                                     \
-    switch (f->type) {                                         \
-        case T_Q4_0: CALL(q4_0); return 1;                     \
-        case T_Q4_1: CALL(q4_1); return 1;                     \
-        case T_Q5_0: CALL(q5_0); return 1;                     \
-        case T_Q5_1: CALL(q5_1); return 1;                     \
-        case T_Q8_0: CALL(q8_0); return 1;                     \
-        case T_Q4_K: CALL(q4_k); return 1;                     \
-        case T_Q5_K: CALL(q5_k); return 1;                     \
-        case T_Q6_K: CALL(q6_k); return 1;                     \
-        default: return 0;                                     \
-    }
 
 /* every row (M <= STREAM_ROWS) for output columns [n_begin, n_end); 0 where the format has no slices */
 __attribute__((target("arch=x86-64-v4"))) static int stream_columns512(const Args* a, int64_t n_begin, int64_t n_end) {
     const Format* f = a->format;
 #define STREAM(FMT) stream_columns512_##FMT(a, n_begin, n_end)
-    BY_FORMAT512(STREAM)
+    BY_FORMAT(STREAM)
 #undef STREAM
 }
 
 __attribute__((target("arch=x86-64-v4"))) static int slot_span512(const Format* f, const uint8_t* src, int64_t k0, int64_t count, float* out) {
 #define SPAN(FMT) slot_span512_##FMT(src, k0, count, out)
-    BY_FORMAT512(SPAN)
+    BY_FORMAT(SPAN)
 #undef SPAN
 }
-#undef BY_FORMAT512
 
 /* The buffered path (more than STREAM_ROWS rows): a chunk of COLS512 columns decoded once into buf in
  * slot order, then register tiles of up to ROWS512 x COLS512 outputs run over it, one 16-lane
