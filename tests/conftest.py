@@ -25,6 +25,7 @@ def trtllm_bindings() -> Iterator[object]:
     trtllm_standin.Executor.enqueued.clear()
     trtllm_standin.Executor.stalled = False
     trtllm_standin.Executor.poisoned = set()
+    trtllm_standin.GPU = trtllm_standin.SimulatedGpu()
     try:
         yield trtllm_standin
     finally:

@@ -11,6 +11,7 @@ also run on a deliberately broken copy, to show that it fails there.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shlex
 import shutil
@@ -540,3 +541,45 @@ def test_dockerignore_keeps_the_venv_out() -> None:
     assert {".venv", ".git", "engines", "models", "**/__pycache__", "**/*.so"} <= ignored
     copied = ("README.md", "pyproject.toml", "setup.py", "python_backend", "build_engines", "client")
     assert not ignored & set(copied)
+
+
+@pytest.mark.parametrize(("clonable", "fetched"), [("v1.2.1", "v1.2.1"), ("release/1.2.1", "release/1.2.1")])
+def test_dockerfile_fetches_the_examples_from_the_tag_or_the_release_branch(
+    tmp_path: Path, clonable: str, fetched: str
+) -> None:
+    """When the image lacks TensorRT-LLM's examples, the Dockerfile clones them at v<version>, then at
+    release/<version> (NVIDIA builds 1.2.1 from that branch; the tag is not verified). The RUN step is
+    executed with a git that can clone only ``clonable``."""
+    runs = [rest for word, rest in dockerfile_instructions() if word == "RUN"]
+    (step,) = [rest for rest in runs if "sparse-checkout" in rest]
+    (tmp_path / "opt").mkdir()
+    (tmp_path / "opt" / "TENSORRT_LLM_VERSION").write_text("1.2.1\n")
+    script = step.replace("/opt/specdec/TENSORRT_LLM_VERSION", str(tmp_path / "opt" / "TENSORRT_LLM_VERSION"))
+    script = script.replace("/app/examples", str(tmp_path / "no-image-examples"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_git = bin_dir / "git"
+    fake_git.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = clone ]; then\n'
+        '  for a in "$@"; do prev_is_branch=${branch_next:-}; branch_next=; '
+        '[ "$prev_is_branch" = 1 ] && ref=$a; [ "$a" = --branch ] && branch_next=1; dest=$a; done\n'
+        f'  [ "$ref" = "{clonable}" ] || exit 128\n'
+        '  for arch in llama qwen; do mkdir -p "$dest/examples/models/core/$arch"; '
+        'touch "$dest/examples/models/core/$arch/convert_checkpoint.py"; done\n'
+        "fi\n"
+        "exit 0\n"
+    )
+    fake_git.chmod(0o755)
+    examples = tmp_path / "app" / "tensorrt_llm" / "examples"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TRTLLM_EXAMPLES_DIR": str(examples),
+           "TRTLLM_GIT_REF": ""}  # fmt: skip
+    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert f"fetched TensorRT-LLM {fetched} examples" in run.stdout
+    assert (examples / "models/core/qwen/convert_checkpoint.py").is_file()
+    # and when neither ref exists, the build stops saying which refs it tried
+    fake_git.write_text("#!/usr/bin/env bash\n[ \"$1\" = clone ] && exit 128\nexit 0\n")
+    env["TRTLLM_EXAMPLES_DIR"] = str(tmp_path / "other")
+    failed = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert failed.returncode != 0 and "v1.2.1 release/1.2.1" in failed.stderr

@@ -13,6 +13,7 @@ every engine pass that holds it raise). The same tests run for each kind:
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +48,12 @@ def torch_runner() -> Built:
     return Built(TorchSpecRunner(target, drafter), poisoned)  # type: ignore[arg-type]
 
 
-def trtllm_runner(tmp: Path, ngram: bool = False) -> Built:
-    """The TensorRT-LLM runner over the contract stand-in of its executor bindings (trtllm_standin):
-    target = the same tiny model as ``tiny_engine(0)``, draft = seed 7 (or n-gram lookup, no draft
-    engine)."""
+def trtllm_runner(tmp: Path, ngram: bool = False, end_id: int | None = None) -> Built:
+    """The TensorRT-LLM runner over the stand-in of its executor bindings (trtllm_standin): target =
+    the same tiny model as ``tiny_engine(0)``, draft = that model with noise added (it agrees on ~40 %
+    of greedy tokens: TensorRT-LLM decodes on to k + 1 tokens after a rejection, so a round always
+    advances k + 1 and a draft of another seed would rarely be accepted in so few rounds), or n-gram
+    lookup with no draft engine."""
     from trispec.drafters.ngram import NgramDrafter
     from trispec.runners.trtllm_engines import read_engine
     from trispec.runners.trtllm_executor import TrtllmExecutor
@@ -68,9 +71,10 @@ def trtllm_runner(tmp: Path, ngram: bool = False) -> Built:
             drafter=NgramDrafter(TINY_VOCAB),
             kv_tokens=4096,
             num_draft_tokens=8,
+            end_id=end_id,
         )
         return Built(runner, poisoned)  # type: ignore[arg-type]
-    draft_dir = write_engine(tmp / "draft", vocab_size=TINY_VOCAB, seed=7)
+    draft_dir = write_engine(tmp / "draft", vocab_size=TINY_VOCAB, seed=0, noise=0.1)
     runner = TrtllmSpecRunner(
         target,
         read_engine(target_dir),
@@ -78,14 +82,17 @@ def trtllm_runner(tmp: Path, ngram: bool = False) -> Built:
         draft_info=read_engine(draft_dir),
         kv_tokens=4096,
         num_draft_tokens=8,
+        end_id=end_id,
     )
     return Built(runner, poisoned)  # type: ignore[arg-type]
 
 
-RUNNERS: dict[str, Callable[[Path], Built]] = {
-    "torch": lambda tmp: torch_runner(),
+# each factory takes the tokenizer's end id (the TensorRT-LLM runner forwards it to the executors;
+# the torch runner leaves end ids to the scheduler)
+RUNNERS: dict[str, Callable[..., Built]] = {
+    "torch": lambda tmp, end_id=None: torch_runner(),
     "trtllm": trtllm_runner,
-    "trtllm-ngram": lambda tmp: trtllm_runner(tmp, ngram=True),
+    "trtllm-ngram": lambda tmp, end_id=None: trtllm_runner(tmp, ngram=True, end_id=end_id),
 }
 
 
@@ -94,7 +101,7 @@ def built(request: pytest.FixtureRequest, tmp_path: Path, trtllm_bindings: objec
     return RUNNERS[request.param](tmp_path)
 
 
-def engine_for(built: Built, **config: object) -> LLMEngine:
+def engine_for(built: Built, eos_ids: frozenset[int] = frozenset(), **config: object) -> LLMEngine:
     tokenizer = byte_tokenizer()
     config.setdefault("adaptive_speculation", False)
     scheduler = Scheduler(
@@ -102,7 +109,7 @@ def engine_for(built: Built, **config: object) -> LLMEngine:
         SchedulerConfig(**config),  # type: ignore[arg-type]
         encode=tokenizer.encode,
         make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
-        eos_ids=frozenset(),
+        eos_ids=eos_ids,
     )
     return LLMEngine(scheduler, built.runner)
 
@@ -146,6 +153,54 @@ def test_greedy_equals_target_only_over_a_ragged_batch(built: Built, k: int) -> 
         assert llm.stats.accepted_tokens > 0
 
 
+def eos_cases() -> tuple[list[list[int]], list[list[int]], int]:
+    """Prompts, their target-only greedy outputs, and the token most of those outputs reach early:
+    it plays the tokenizer's end token."""
+    prompts = ragged_prompts(12, seed=3)
+    refs = [reference_greedy(p, MAX_TOKENS) for p in prompts]
+    counts = Counter(t for ref in refs for t in set(ref[: MAX_TOKENS - 6]))
+    return prompts, refs, counts.most_common(1)[0][0]
+
+
+def until_end(ref: list[int], end_ids: set[int]) -> list[int]:
+    for i, token in enumerate(ref):
+        if token in end_ids:
+            return ref[: i + 1]
+    return ref
+
+
+@pytest.mark.parametrize("k", [0, 4])
+@pytest.mark.parametrize("kind", list(RUNNERS))
+def test_requests_that_end_on_an_end_token_equal_target_only(
+    kind: str, k: int, tmp_path: Path, trtllm_bindings: object
+) -> None:
+    """The tokenizer's end token (which the TensorRT-LLM runner forwards to the executors, and which
+    TensorRT-LLM never returns as a token), a request's own end_id, and end_id -1 (ignore the end
+    token): each output equals target-only greedy decoding cut at its end token, finishing STOP."""
+    prompts, refs, eos = eos_cases()
+    built = RUNNERS[kind](tmp_path, end_id=eos)
+    llm = engine_for(built, eos_ids=frozenset({eos}))
+    end_ids: list[int | None] = [None] * len(prompts)
+    end_ids[0], end_ids[2] = refs[0][7], refs[2][5]  # the request's own end token
+    end_ids[3] = -1  # no end token: the tokenizer's is an ordinary token
+    ids = [
+        llm.add_request(
+            GenerationRequest(prompt_token_ids=p, max_tokens=MAX_TOKENS, num_draft_tokens=k, end_id=e)
+        )
+        for p, e in zip(prompts, end_ids)
+    ]
+    outputs = drain(llm)
+    stopped = 0
+    for rid, ref, end_id in zip(ids, refs, end_ids):
+        stops = {eos} if end_id is None else set() if end_id == -1 else {end_id}
+        want = until_end(ref, stops)
+        assert tokens_of(outputs[rid]) == want, (kind, k, end_id)
+        finish = outputs[rid][-1].finish_reason
+        assert finish is (FinishReason.STOP if want[-1] in stops else FinishReason.LENGTH)
+        stopped += finish is FinishReason.STOP
+    assert eos in refs[3] and stopped > len(prompts) // 2
+
+
 def test_caches_hold_exactly_the_computed_tokens_after_every_step(built: Built) -> None:
     llm = engine_for(built, max_prefill_tokens_per_step=40)
     submit(llm, ragged_prompts(), 4)
@@ -160,7 +215,7 @@ def test_caches_hold_exactly_the_computed_tokens_after_every_step(built: Built) 
             checked += 1
 
     drain(llm, check)
-    assert checked > 50
+    assert checked > 30  # 8 sequences over several rounds (a TensorRT-LLM round advances k + 1)
     assert all(pool.used_blocks == 0 for pool in built.runner.kv_usage().values())
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import save_file
 from tiny import TINY_VOCAB, ascii_tokenizer, byte_tokenizer, reference_greedy, tiny_args, tokens_of
 from trispec.config import load_config
@@ -51,7 +52,9 @@ def test_a_matching_pair_passes(tmp_path: Path) -> None:
     draft, target = engines(tmp_path)
     assert check_pair(draft, target, 4) == []
     assert check_pair(None, target, 8) == []
-    assert max_context(draft, target, 4) == 901  # max_input_len 900 + 1, within max_seq_len 1000 - 4
+    # every round re-sends the sequence with its 4 drafts: 900 - 4 tokens of it, then the next token
+    assert max_context(draft, target, 4) == 897
+    assert max_context(None, target, 8) == 893
 
 
 MISMATCHES = [
@@ -112,6 +115,8 @@ def test_check_engines_command(tmp_path: Path) -> None:
         [*cmd, str(tmp_path / "target"), "--num-draft-tokens", "4"], capture_output=True, text=True
     )
     assert ok.returncode == 0 and len(ok.stdout.splitlines()) == 1 and "engines fit" in ok.stdout
+    assert "max context 897 tokens (target build_config.max_input_len 900 - 4 drafts)" in ok.stdout
+    assert "max_num_tokens 8192 per step" in ok.stdout
     too_many = subprocess.run(
         [*cmd, str(tmp_path / "target"), "--num-draft-tokens", "9"], capture_output=True, text=True
     )
@@ -247,6 +252,7 @@ def test_dry_run_prints_both_conversions_and_builds_flag_by_flag(tmp_path: Path)
         assert f["--use_paged_context_fmha"] == "enable"
         assert f["--remove_input_padding"] == "enable"
         assert (f["--max_batch_size"], f["--max_input_len"], f["--max_seq_len"]) == ("6", "1000", "1500")
+        assert f["--max_num_tokens"] == "8192"  # explicit: trtllm-build would raise it for the target
     target_flags, draft_flags = flags(build_t), flags(build_d)
     assert target_flags["--speculative_decoding_mode"] == "draft_tokens_external"
     assert target_flags["--max_draft_len"] == "5"
@@ -254,7 +260,11 @@ def test_dry_run_prints_both_conversions_and_builds_flag_by_flag(tmp_path: Path)
     assert "--gather_generation_logits" in draft_flags  # draft logits verify sampled requests
     llmapi = (out / "llmapi/extra_llm_api_options.yaml").read_text()
     assert "decoding_type: DraftTarget" in llmapi and str(out / "hf/draft") in llmapi
-    assert (out / "llmapi/model.yaml").is_file()
+    model = yaml.safe_load((out / "llmapi/model.yaml").read_text())
+    # what Triton's llmapi model reads itself (it fails to load without it), and LLM() arguments
+    assert model["triton_config"] == {"max_batch_size": 6, "decoupled": True}
+    assert model["speculative_config"]["max_concurrency"] == 8 and model["backend"] == "pytorch"
+    assert "triton_config" not in yaml.safe_load((out / "llmapi/extra_llm_api_options.yaml").read_text())
 
 
 def test_self_draft_is_the_target_int8_weight_only(tmp_path: Path) -> None:
@@ -369,10 +379,11 @@ def drain(llm) -> dict:  # type: ignore[no-untyped-def]
     return outputs
 
 
-def test_too_many_drafts_fail_every_active_request_so_the_runner_never_sends_them(
+def test_too_many_drafts_fail_that_request_and_the_runner_never_sends_them(
     tmp_path: Path, trtllm_bindings
 ) -> None:  # type: ignore[no-untyped-def]
-    # what TensorRT-LLM does with a draft longer than max_draft_len: every request in flight fails
+    # what TensorRT-LLM does with a draft longer than max_draft_len: LlmRequest::validate throws when
+    # the executor fetches the request, and fetchNewRequests fails that request alone
     engine = write_engine(tmp_path / "e", vocab_size=TINY_VOCAB, seed=0, spec_mode=2, max_draft_len=2)
     ex = trtllm_bindings.Executor(
         engine, trtllm_bindings.ModelType.DECODER_ONLY, trtllm_bindings.ExecutorConfig()
@@ -383,10 +394,10 @@ def test_too_many_drafts_fail_every_active_request_so_the_runner_never_sends_the
             [1, 2, 3], 5, external_draft_tokens_config=trtllm_bindings.ExternalDraftTokensConfig([4, 5, 6, 7])
         )
     )
-    responses = [r for rs in ex.await_responses([fine, bad]) for r in rs]
-    assert all(
-        r.has_error() and "larger than maximum number of draft tokens (2)" in r.error_msg for r in responses
-    )
+    (fine_response,), (bad_response,) = ex.await_responses([fine, bad])
+    assert not fine_response.has_error() and len(fine_response.result.output_token_ids[0]) == 4
+    assert bad_response.has_error()
+    assert "Draft tokens length (4) exceeds maximum draft tokens length (2)" in bad_response.error_msg
     with pytest.raises(RuntimeError, match=r"mTokens\.empty"):
         trtllm_bindings.ExternalDraftTokensConfig([])
     # so the runner cuts drafts to the engine's max_draft_len: k = 4 on a max_draft_len 2 engine

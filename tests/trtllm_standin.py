@@ -1,25 +1,63 @@
-"""A contract stand-in for ``tensorrt_llm.bindings.executor`` (tests only; never shipped).
+"""A model of TensorRT-LLM 1.2.x's executor bindings (``tensorrt_llm.bindings.executor``): tests only,
+never shipped. TensorRT-LLM cannot be installed on these machines, so the runner is tested against
+this: the API subset it uses, with each behaviour written from TensorRT-LLM's source (TRT =
+NVIDIA/TensorRT-LLM, release/1.2.1; a file and a string to grep there on every behaviour below).
 
-It implements the subset the TensorRT-LLM runner uses, with TensorRT-LLM's documented semantics,
-and computes real outputs with our torch engine on tiny random models, so the runner's results can
-be compared token for token with target-only decoding:
+The engine an ``Executor`` loads is a directory with TensorRT-LLM's ``config.json`` (read as the real
+one is), a ``rank0.engine`` whose size is the weights the GPU must hold, and ``standin.json`` naming
+the tiny random model (our torch engine, used only for the model's logits) that stands for it. The
+decoding rules (sampling, external-draft acceptance) live in ``trtllm_standin_decoding`` and import
+nothing of ours.
 
-* ``Executor(engine_dir, ModelType.DECODER_ONLY, ExecutorConfig)`` reads the engine's ``config.json``
-  (the documented schema) and ``standin.json`` (which tiny model stands for the engine);
-* a ``Request``'s output includes the prompt unless ``OutputConfig.exclude_input_from_output``; it
-  stops at ``end_id`` (finish reason END_ID) or after ``max_tokens`` new tokens (LENGTH);
-* with ``ExternalDraftTokensConfig`` the target accepts the longest prefix of the draft that matches
-  its own greedy choice and adds one token of its own (so it returns accepted + 1 tokens); sampled
-  requests with draft logits use the standard speculative-sampling check;
-* an empty draft list raises when the config is built (TensorRT-LLM asserts ``!mTokens.empty()`` in
-  ``ExternalDraftTokensConfig``'s constructor); more draft tokens than the engine's ``max_draft_len``
-  fail in the executor's next iteration with TensorRT-LLM's message, and take every active request
-  on that executor down with them (``terminateActiveRequests`` in ``forwardAsync``);
-* ``cancel_request`` turns a request's final response into one with FinishReason.CANCELLED;
-* requests whose ``client_id`` is in ``Executor.poisoned`` get an error response (a device fault);
-  ``Executor.stalled`` makes every response wait forever (a hung executor).
+What it does, each from the source:
+* requests are validated when the executor fetches them, per request (``LlmRequest::validate``,
+  batch_manager/llmRequest.cpp; executor/executorImpl.cpp ``fetchNewRequests`` catches per request):
+  an end id outside [-1, vocab) errors ("EndId (%d) is not within acceptable range"), a prompt over
+  max_input_len errors ("exceeds maximum input length"), more drafts than max_draft_len error
+  ("Draft tokens length (%d) exceeds maximum draft tokens length"), prompt + drafts over
+  max_input_len silently CUTS the drafts ("Number of draft tokens is changed"), prompt + max_tokens +
+  draft length per step (max_draft_len when the request has none) over max_seq_len silently LOWERS
+  max_tokens ("Number of requested output tokens is changed");
+* generation logits need ``ExecutorConfig(gather_generation_logits=True)``, else that request errors
+  ("To return generation logits, gather_generation_logits must be enabled in ExecutorConfig",
+  executorImpl.cpp); they come back ``[beams, max_tokens, vocab_padded]``, rows past the last
+  generated step zero;
+* without chunked context (``ExecutorConfig.enable_chunked_context`` False, the default) a context
+  request's whole token count plus its drafts is checked against max_num_tokens
+  (batch_manager/microBatchScheduler.cpp: "The number of context tokens (%d) exceeds the limit
+  value (%d)"); the throw happens in ``forwardAsync`` and ``terminateActiveRequests`` fails EVERY
+  active request on the executor (executorImpl.cpp). Chunked context needs paged context FMHA
+  (trtGptModelInflightBatching.cpp: "Chunked context requires context FMHA, paged kv_cache and paged
+  context FMHA");
+* a DRAFT_TOKENS_EXTERNAL engine refuses to start without KV block reuse
+  (trtGptModelInflightBatching.cpp: "KV cache block reuse must be enabled for speculative decoding
+  target model");
+* the KV cache is sized inside ``Executor(...)`` AFTER this engine's weights and runtime buffers are
+  on the GPU: ``min(max_tokens, free_gpu_memory_fraction x free)``, the fraction 0.9 when unset
+  (batch_manager/kvCacheManager.cpp ``calculateFreeMemBytes``: "the smaller value will be used";
+  executor.h ``kDefaultGpuMemFraction``); its size shows only in the iteration stats
+  (``get_latest_iteration_stats()[-1].kv_cache_stats.max_num_blocks``, filled per iteration);
+* the end token is never in ``output_token_ids``: the end shows in ``finish_reasons`` as END_ID
+  (externalDraftTokensKernels.cu ``forwardAcceptedTokensKernel``: "Do not increase seq len when EOS is
+  generated"); a request decodes on after its verify step until max_tokens or the end id (TRT's
+  C++ model tests, grep "acceptedDraftTokensLengths[givenInputIdx": the full output length is
+  expected with draft tokens, only the first accepted + 1 compared); drafts are verified in the step
+  of the last context chunk (runtime buffers ``setBufferSizes``: "isLastContextChunk() ?
+  getNumDraftTokens() : 0"), which here is the only one;
+* unset top_k / top_p are greedy whatever the temperature, the default seed is 0
+  (``trtllm_standin_decoding.runtime_sampling``); acceptance as in
+  ``trtllm_standin_decoding.verify_external_drafts``;
+* an empty external draft asserts when the config is built (TRT-LLM issue #2684: "Assertion failed:
+  !mTokens.empty()"); ``cancel_request`` ends a request with FinishReason.CANCELLED; one process
+  driving several GPUs needs orchestrator mode with a worker executable (tensorrtllm_backend README,
+  "Leader mode" / "Orchestrator mode").
+Test hooks (not TensorRT-LLM's): ``Executor.poisoned`` client ids get an error response (a device
+fault), ``Executor.stalled`` keeps every response pending (a hung executor), ``Executor.enqueued``
+(all executors) and ``received`` (this one) record what was sent, ``GPU`` is the simulated device
+memory.
 
-Computation happens at enqueue; ``await_responses`` hands the responses out.
+Work happens when responses are awaited: one call runs the executor's iterations (fetch, schedule,
+forward) until nothing can progress.
 """
 
 from __future__ import annotations
@@ -34,13 +72,39 @@ from typing import Any, ClassVar
 
 import torch
 from tiny import tiny_args
-from trispec.accept import greedy_accept, speculative_accept
 from trispec.engine.base import ForwardInput
 from trispec.engine.torch_engine import TorchEngine
-from trispec.sampling import logits_to_probs, sample
-from trispec.sampling_params import SamplingParams as OurSampling
+from trispec.engine.weights import random_state_dict
+from trtllm_standin_decoding import draw, runtime_sampling, target_probs, verify_external_drafts
 
-ENGINES: dict[str, TorchEngine] = {}  # one tiny engine per stand-in model, shared by executors
+ENGINES: dict[str, TorchEngine] = {}  # one tiny model per stand-in engine, shared by executors
+GiB = 2**30
+# runtime buffers an executor allocates beside its weights before the KV cache is sized (activations,
+# decoder state); a fixed figure here, a function of max_num_tokens and the model on a real GPU
+RUNTIME_BUFFER_BYTES = GiB // 4
+DEFAULT_GPU_MEM_FRACTION = 0.9  # executor.h kDefaultGpuMemFraction
+
+
+class SimulatedGpu:
+    """GPU memory: what executors take, and what ``torch.cuda.mem_get_info`` would say is free."""
+
+    def __init__(self, total_bytes: int = 80 * GiB) -> None:
+        self.total_bytes = total_bytes
+        self.used_bytes = 0
+
+    def free_bytes(self) -> int:
+        return self.total_bytes - self.used_bytes
+
+    def take(self, nbytes: int, what: str) -> None:
+        if nbytes > self.free_bytes():
+            raise RuntimeError(
+                f"[TensorRT-LLM][ERROR] CUDA runtime error in cudaMalloc: out of memory ({what}: "
+                f"{nbytes} bytes, {self.free_bytes()} free)"
+            )
+        self.used_bytes += nbytes
+
+
+GPU = SimulatedGpu()
 
 
 class ModelType(enum.Enum):
@@ -56,16 +120,18 @@ class FinishReason(enum.Enum):
     CANCELLED = 5
 
 
+class CommunicationMode(enum.Enum):
+    LEADER = 0
+    ORCHESTRATOR = 1
+
+
 @dataclass
 class KvCacheConfig:
     enable_block_reuse: bool = True
     max_tokens: int | None = None
+    max_attention_window: list[int] | None = None
+    sink_token_length: int | None = None
     free_gpu_memory_fraction: float | None = None
-
-
-class CommunicationMode(enum.Enum):
-    LEADER = 0
-    ORCHESTRATOR = 1
 
 
 @dataclass
@@ -85,6 +151,8 @@ class ParallelConfig:
 class ExecutorConfig:
     max_beam_width: int = 1
     kv_cache_config: KvCacheConfig = field(default_factory=KvCacheConfig)
+    enable_chunked_context: bool = False
+    max_num_tokens: int | None = None
     parallel_config: ParallelConfig | None = None
     gather_generation_logits: bool = False
 
@@ -97,6 +165,15 @@ class SamplingConfig:
     temperature: float | None = None
     seed: int | None = None
 
+    def __post_init__(self) -> None:
+        # executor/samplingConfig.cpp checkTopK / checkTopP / checkTemperature (TLLM_CHECK)
+        if self.top_k is not None and self.top_k < 0:
+            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: topK.value() >= 0")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: topP.value() > 0.f")
+        if self.temperature is not None and self.temperature < 0:
+            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: temperature.value() >= 0.f")
+
 
 @dataclass
 class OutputConfig:
@@ -104,18 +181,24 @@ class OutputConfig:
     return_context_logits: bool = False
     return_generation_logits: bool = False
     exclude_input_from_output: bool = False
+    return_encoder_output: bool = False
     return_perf_metrics: bool = False
 
 
 class ExternalDraftTokensConfig:
     def __init__(
-        self, tokens: list[int], logits: Any = None, acceptance_threshold: float | None = None
+        self,
+        tokens: list[int],
+        logits: Any = None,
+        acceptance_threshold: float | None = None,
+        fast_logits: bool | None = None,
     ) -> None:
         if not tokens:
             raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: !mTokens.empty()")
         self.tokens = list(tokens)
         self.logits = logits
         self.acceptance_threshold = acceptance_threshold
+        self.fast_logits = fast_logits
 
 
 class Request:
@@ -155,168 +238,366 @@ class Response:
     request_id: int
     result: Result | None = None
     error_msg: str = ""
+    client_id: int | None = None
 
     def has_error(self) -> bool:
         return bool(self.error_msg)
 
 
+@dataclass
+class KvCacheStats:
+    max_num_blocks: int
+    free_num_blocks: int
+    used_num_blocks: int
+    tokens_per_block: int
+
+
+@dataclass
+class IterationStats:
+    iter: int
+    num_active_requests: int
+    kv_cache_stats: KvCacheStats | None
+
+
+@dataclass
+class _Active:
+    """A fetched request after ``validate()``'s edits."""
+
+    request: Request
+    max_new_tokens: int
+    drafts: list[int]
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """What the executor reads from ``config.json``."""
+
+    vocab_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_draft_len: int
+    max_num_tokens: int
+    draft_tokens_external: bool
+    paged_context_fmha: bool
+    tokens_per_block: int
+    kv_bytes_per_token: int
+    tp_size: int
+
+    @classmethod
+    def read(cls, path: Path) -> _Engine:
+        config = json.loads((path / "config.json").read_text())
+        pre, build = config["pretrained_config"], config["build_config"]
+        plugin = build.get("plugin_config") or {}
+        mode = build.get("speculative_decoding_mode")
+        layers, heads = int(pre["num_hidden_layers"]), int(pre["num_key_value_heads"])
+        return cls(
+            vocab_size=int(pre["vocab_size"]),
+            max_input_len=int(build["max_input_len"]),
+            max_seq_len=int(build["max_seq_len"]),
+            max_draft_len=int(build.get("max_draft_len") or 0),
+            max_num_tokens=int(build.get("max_num_tokens") or 8192),
+            draft_tokens_external=mode in (2, "DRAFT_TOKENS_EXTERNAL", "draft_tokens_external"),
+            paged_context_fmha=bool(plugin.get("use_paged_context_fmha", False)),
+            tokens_per_block=int(plugin.get("tokens_per_block") or 32),
+            kv_bytes_per_token=layers * heads * int(pre["head_size"]) * 2 * 2,  # K and V, 16-bit
+            tp_size=int(pre.get("mapping", {}).get("tp_size", 1)),
+        )
+
+
 class Executor:
-    poisoned: ClassVar[set[int]] = set()  # client ids that fail (class-wide: set by tests)
-    enqueued: ClassVar[list[Request]] = []  # every request, for tests that look at what was sent
-    stalled: ClassVar[bool] = False  # True: no response is ever ready (a hung executor)
+    poisoned: ClassVar[set[int]] = set()
+    enqueued: ClassVar[list[Request]] = []
+    stalled: ClassVar[bool] = False
 
     def __init__(self, model_path: Path, model_type: ModelType, executor_config: ExecutorConfig) -> None:
         path = Path(model_path)
-        config = json.loads((path / "config.json").read_text())
-        self.max_draft_len = int(config["build_config"].get("max_draft_len") or 0)
-        model = json.loads((path / "standin.json").read_text())
-        key = json.dumps(model, sort_keys=True)
-        if key not in ENGINES:
-            args = tiny_args(vocab_size=int(config["pretrained_config"]["vocab_size"]))
-            ENGINES[key] = TorchEngine.from_random(args, int(model["seed"]), num_blocks=4096, block_size=8)
-        self.engine = ENGINES[key]
+        self.engine = _Engine.read(path)
         self.config = executor_config
-        # an engine built for tp_size GPUs runs on that many; from one process, several GPUs need
-        # orchestrator mode with a worker executable (leader mode wants one MPI rank per GPU, i.e.
-        # mpirun: tensorrtllm_backend README, "Leader mode" / "Orchestrator mode")
-        tp_size = int(config["pretrained_config"].get("mapping", {}).get("tp_size", 1))
-        parallel = executor_config.parallel_config
+        self._check_parallel(executor_config.parallel_config)
+        kv_config = executor_config.kv_cache_config
+        if self.engine.draft_tokens_external and not kv_config.enable_block_reuse:
+            raise RuntimeError(
+                "[TensorRT-LLM][ERROR] Assertion failed: KV cache block reuse must be enabled for "
+                "speculative decoding target model"
+            )
+        if executor_config.enable_chunked_context and not self.engine.paged_context_fmha:
+            raise RuntimeError(
+                "[TensorRT-LLM][ERROR] Assertion failed: Chunked context requires context FMHA, paged "
+                "kv_cache and paged context FMHA all enabled at the same time."
+            )
+        engine_file = path / "rank0.engine"
+        GPU.take(engine_file.stat().st_size if engine_file.exists() else 0, "engine weights")
+        GPU.take(RUNTIME_BUFFER_BYTES, "runtime buffers")
+        self.max_num_blocks = self._size_kv_cache(kv_config)
+        self.model = _model(path, self.engine.vocab_size)
+        self.max_num_tokens = executor_config.max_num_tokens or self.engine.max_num_tokens
+        self._ids = itertools.count(1)
+        self._queued: list[tuple[int, Request]] = []
+        self._active: dict[int, _Active] = {}
+        self._ready: dict[int, list[Response]] = {}
+        self._stats: list[IterationStats] = []
+        self._iterations = 0
+        self.cancelled: list[int] = []
+        self.received: list[Request] = []  # test hook: what this executor was sent
+
+    def _check_parallel(self, parallel: ParallelConfig | None) -> None:
         devices = (parallel.device_ids if parallel else None) or [0]
-        if len(devices) != tp_size:
-            raise RuntimeError(f"[TensorRT-LLM][ERROR] engine tp_size {tp_size}, {len(devices)} device ids")
-        if tp_size > 1 and (
+        if len(devices) != self.engine.tp_size:
+            raise RuntimeError(
+                f"[TensorRT-LLM][ERROR] engine tp_size {self.engine.tp_size}, {len(devices)} device ids"
+            )
+        if self.engine.tp_size > 1 and (
             parallel is None
             or parallel.communication_mode is not CommunicationMode.ORCHESTRATOR
             or parallel.orchestrator_config is None
             or not parallel.orchestrator_config.worker_executable_path
         ):
             raise RuntimeError("[TensorRT-LLM][ERROR] MPI world size 1 < tp_size: run one rank per GPU")
-        self._ids = itertools.count(1)
-        self._responses: dict[int, Response] = {}
-        self.cancelled: list[int] = []
 
+    def _size_kv_cache(self, kv_config: KvCacheConfig) -> int:
+        block_bytes = self.engine.tokens_per_block * self.engine.kv_bytes_per_token
+        fraction = kv_config.free_gpu_memory_fraction
+        nbytes = int((DEFAULT_GPU_MEM_FRACTION if fraction is None else fraction) * GPU.free_bytes())
+        if kv_config.max_tokens is not None:
+            blocks_wanted = -(-kv_config.max_tokens // self.engine.tokens_per_block)
+            nbytes = min(nbytes, blocks_wanted * block_bytes)
+        blocks = nbytes // block_bytes
+        if blocks < 1:
+            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: no free memory for the KV cache")
+        GPU.take(blocks * block_bytes, "KV cache")
+        return blocks
+
+    # -- the API -------------------------------------------------------------------------------
     def enqueue_request(self, request: Request) -> int:
         Executor.enqueued.append(request)
+        self.received.append(request)
         rid = next(self._ids)
-        draft = request.external_draft_tokens_config
-        if draft is not None and len(draft.tokens) > self.max_draft_len:
-            # checked in the executor's next iteration (verifyRequests in forwardAsync), which then
-            # terminates EVERY active request on this executor with the error
-            error = (
-                "Encountered an error in forwardAsync function: Number of draft tokens "
-                f"({len(draft.tokens)}) is larger than maximum number of draft tokens ({self.max_draft_len})"
-            )
-            for active in [*self._responses, rid]:
-                self._responses[active] = Response(active, error_msg=error)
-            return rid
-        if request.client_id in Executor.poisoned:
-            self._responses[rid] = Response(rid, error_msg="[TensorRT-LLM][ERROR] simulated device fault")
-        else:
-            self._responses[rid] = Response(rid, self._generate(request))
+        self._queued.append((rid, request))
         return rid
 
+    def enqueue_requests(self, requests: list[Request]) -> list[int]:
+        return [self.enqueue_request(r) for r in requests]
+
     def await_responses(self, ids: Any = None, timeout: datetime.timedelta | None = None) -> list[Any]:
-        """``await_responses(ids, timeout)``: one list of responses per id (the bindings' overload)."""
-        if Executor.stalled:
-            return [[] for _ in ids] if isinstance(ids, list) else []
+        """The three overloads: all ready responses; those of one id; a list per id of a list."""
+        if not Executor.stalled:
+            self._run()
         if isinstance(ids, list):
-            return [[self._responses.pop(i)] if i in self._responses else [] for i in ids]
-        ready = list(self._responses.values())
-        self._responses.clear()
+            return [self._ready.pop(i, []) for i in ids]
+        if ids is not None:
+            return self._ready.pop(ids, [])
+        ready = [r for rs in self._ready.values() for r in rs]
+        self._ready.clear()
         return ready
 
     def cancel_request(self, request_id: int) -> None:
         self.cancelled.append(request_id)
-        if request_id in self._responses:
-            prior = self._responses[request_id].result
-            tokens = prior.output_token_ids if prior else [[]]
-            self._responses[request_id] = Response(request_id, Result(True, tokens, [FinishReason.CANCELLED]))
+        queued = any(rid == request_id for rid, _ in self._queued)
+        self._queued = [(rid, r) for rid, r in self._queued if rid != request_id]
+        if self._active.pop(request_id, None) is not None or queued:
+            self._ready[request_id] = [Response(request_id, Result(True, [[]], [FinishReason.CANCELLED]))]
+
+    def get_latest_iteration_stats(self) -> list[IterationStats]:
+        stats, self._stats = self._stats, []
+        return stats
 
     def shutdown(self) -> None:
-        self._responses.clear()
+        self._queued.clear()
+        self._active.clear()
 
-    # -- the documented semantics, computed for real on a tiny model ---------------------------
-    def _generate(self, request: Request) -> Result:
-        engine, sampling = self.engine, request.sampling_config
-        params = OurSampling(
-            temperature=sampling.temperature or 0.0, top_k=sampling.top_k or 0, top_p=sampling.top_p or 1.0
-        )
-        generator = None if params.greedy else torch.Generator().manual_seed(sampling.seed or 0)
-        sid = -next(_seq_ids)
-        prompt = request.input_token_ids
-        engine.add_sequence(sid, len(prompt) + request.max_tokens + self.max_draft_len + 1)
-        try:
-            draft = request.external_draft_tokens_config
-            if draft is not None:
-                new, reason, logits = self._verify(sid, prompt, draft, params, generator, request)
-            else:
-                new, reason, logits = self._decode(sid, prompt, params, generator, request)
-        finally:
-            engine.free(sid)
-        out = new if request.output_config.exclude_input_from_output else [*prompt, *new]
-        gen_logits = torch.stack(logits)[None] if request.output_config.return_generation_logits else None
-        return Result(True, [out], [reason], gen_logits)
+    # -- the executor loop ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while self._queued or self._active:
+            self._fetch()
+            scheduled = self._schedule()
+            if scheduled is None:  # forwardAsync threw: every active request failed
+                continue
+            if not scheduled:
+                return  # nothing fits the KV cache: requests wait (GUARANTEED_NO_EVICT)
+            for rid in scheduled:
+                active = self._active.pop(rid)
+                self._ready[rid] = [self._respond(rid, active)]
 
-    def _decode(self, sid, prompt, params, generator, request):  # type: ignore[no-untyped-def]
-        rows = self.engine.forward([ForwardInput(sid, prompt, 1)])[0]
-        new: list[int] = []
-        logits: list[torch.Tensor] = []
-        while True:
-            token = int(sample(logits_to_probs(rows[-1:], params), generator)[0])
-            new.append(token)
-            logits.append(rows[-1].float())
-            if token == request.end_id:
-                return new, FinishReason.END_ID, logits
-            if len(new) == request.max_tokens:
-                return new, FinishReason.LENGTH, logits
-            rows = self.engine.forward([ForwardInput(sid, [token], 1)])[0]
+    def _fetch(self) -> None:
+        for rid, request in self._queued:
+            try:
+                self._active[rid] = self._validate(request)
+            except RuntimeError as exc:
+                self._ready[rid] = [Response(rid, error_msg=str(exc), client_id=request.client_id)]
+        self._queued = []
 
-    def _verify(self, sid, prompt, draft, params, generator, request):  # type: ignore[no-untyped-def]
-        k = len(draft.tokens)
-        rows = self.engine.forward([ForwardInput(sid, [*prompt, *draft.tokens], k + 1)])[0]
-        if params.greedy or draft.logits is None:
-            result = (
-                greedy_accept(draft.tokens, rows)
-                if params.greedy
-                else _token_match(draft.tokens, rows, params, generator)
+    def _validate(self, request: Request) -> _Active:
+        engine, prompt_len = self.engine, len(request.input_token_ids)
+        end_id = request.end_id
+        if end_id is not None and not -1 <= end_id < engine.vocab_size:
+            raise RuntimeError(
+                f"[TensorRT-LLM][ERROR] EndId ({end_id}) is not within acceptable range [-1, "
+                f"{engine.vocab_size})."
             )
-        else:
-            q = logits_to_probs(torch.as_tensor(draft.logits, dtype=torch.float32), params)
-            result = speculative_accept(draft.tokens, q, logits_to_probs(rows, params), generator)
-        new = result.tokens[: request.max_tokens]
-        if request.end_id in new:
-            return new[: new.index(request.end_id) + 1], FinishReason.END_ID, []
-        return new, FinishReason.LENGTH, []
+        if prompt_len > engine.max_input_len:
+            raise RuntimeError(
+                f"[TensorRT-LLM][ERROR] Prompt length ({prompt_len}) exceeds maximum input length "
+                f"({engine.max_input_len})."
+            )
+        external = request.external_draft_tokens_config
+        drafts = list(external.tokens) if external is not None else []
+        per_step = engine.max_draft_len
+        if drafts:
+            if len(drafts) > engine.max_draft_len:
+                raise RuntimeError(
+                    f"[TensorRT-LLM][ERROR] Draft tokens length ({len(drafts)}) exceeds maximum draft "
+                    f"tokens length ({engine.max_draft_len})."
+                )
+            per_step = len(drafts)
+            if prompt_len + per_step > engine.max_input_len:
+                per_step = engine.max_input_len - prompt_len
+                drafts = drafts[:per_step]  # "Number of draft tokens is changed"
+        max_new = request.max_tokens
+        if prompt_len + max_new + per_step > engine.max_seq_len:
+            max_new = engine.max_seq_len - prompt_len - per_step  # "...output tokens is changed"
+        if request.output_config.return_generation_logits and not self.config.gather_generation_logits:
+            raise RuntimeError(
+                "[TensorRT-LLM][ERROR] Assertion failed: To return generation logits, "
+                "gather_generation_logits must be enabled in ExecutorConfig"
+            )
+        return _Active(request, max_new, drafts)
+
+    def _schedule(self) -> list[int] | None:
+        """The micro-batch scheduler's context check, then the KV capacity of each request."""
+        if not self.config.enable_chunked_context:
+            for active in self._active.values():
+                tokens = len(active.request.input_token_ids) + len(active.drafts)
+                if tokens > self.max_num_tokens:
+                    self._terminate_active(
+                        "Encountered an error in forwardAsync function: [TensorRT-LLM][ERROR] Assertion "
+                        f"failed: The number of context tokens ({tokens}) exceeds the limit value "
+                        f"({self.max_num_tokens})"
+                    )
+                    return None
+        scheduled, free = [], self.max_num_blocks
+        for rid, active in self._active.items():
+            length = len(active.request.input_token_ids) + active.max_new_tokens + len(active.drafts)
+            blocks = -(-length // self.engine.tokens_per_block)
+            if blocks <= free:
+                scheduled.append(rid)
+                free -= blocks
+        self._iterations += 1
+        stats = KvCacheStats(
+            self.max_num_blocks, free, self.max_num_blocks - free, self.engine.tokens_per_block
+        )
+        self._stats.append(IterationStats(self._iterations, len(self._active), stats))
+        return scheduled
+
+    def _terminate_active(self, error: str) -> None:
+        for rid, active in self._active.items():
+            self._ready[rid] = [Response(rid, error_msg=error, client_id=active.request.client_id)]
+        self._active.clear()
+
+    def _respond(self, rid: int, active: _Active) -> Response:
+        request = active.request
+        if request.client_id in Executor.poisoned:
+            return Response(rid, error_msg="[TensorRT-LLM][ERROR] simulated device fault")
+        new, reason, logits = self._generate(active)
+        out = new if request.output_config.exclude_input_from_output else [*request.input_token_ids, *new]
+        return Response(rid, Result(True, [out], [reason], logits), client_id=request.client_id)
+
+    # -- decoding, with the model's real logits ------------------------------------------------
+    def _generate(self, active: _Active) -> tuple[list[int], FinishReason, Any]:
+        request, engine = active.request, self.engine
+        config = request.sampling_config
+        sampling = runtime_sampling(config.top_k, config.top_p, config.temperature)
+        generator = torch.Generator().manual_seed(config.seed or 0)  # the default seed is 0
+        prompt, drafts = request.input_token_ids, active.drafts
+        external = request.external_draft_tokens_config
+        sid = -next(_seq_ids)
+        self.model.add_sequence(sid, len(prompt) + len(drafts) + active.max_new_tokens + 1)
+        rows: list[torch.Tensor] = []
+        try:
+            logits = self.model.forward([ForwardInput(sid, [*prompt, *drafts], len(drafts) + 1)])[0]
+            if drafts:
+                step = verify_external_drafts(
+                    drafts,
+                    logits,
+                    sampling,
+                    engine.vocab_size,
+                    generator,
+                    draft_logits=None if external.logits is None else torch.as_tensor(external.logits),
+                    acceptance_threshold=external.acceptance_threshold,
+                    end_id=request.end_id,
+                )
+                new = step.tokens[: active.max_new_tokens]
+                ended = step.ended and len(step.tokens) <= active.max_new_tokens
+                if step.accepted < len(drafts):  # the rejected drafts leave the cache
+                    self.model.free(sid)
+                    self.model.add_sequence(sid, len(prompt) + len(drafts) + active.max_new_tokens + 1)
+                    self.model.forward([ForwardInput(sid, [*prompt, *new][:-1], 0)])
+                rows = list(logits[: len(new)])
+            else:
+                new, ended = [], False
+            while not ended and len(new) < active.max_new_tokens:
+                if new or drafts:
+                    logits = self.model.forward([ForwardInput(sid, [new[-1]], 1)])[0]
+                rows.append(logits[-1])
+                token = draw(target_probs(logits[-1], sampling, engine.vocab_size), generator)
+                if token == request.end_id:
+                    ended = True
+                else:
+                    new.append(token)
+        finally:
+            self.model.free(sid)
+        reason = FinishReason.END_ID if ended else FinishReason.LENGTH
+        return new, reason, self._generation_logits(request, rows)
+
+    def _generation_logits(self, request: Request, rows: list[torch.Tensor]) -> Any:
+        if not request.output_config.return_generation_logits:
+            return None
+        out = torch.zeros(1, request.max_tokens, self.engine.vocab_size)
+        for i, row in enumerate(rows[: request.max_tokens]):
+            out[0, i] = row.float()
+        return out
 
 
-def _token_match(draft, rows, params, generator):  # type: ignore[no-untyped-def]
-    """Sampled request, drafts without logits: sample the target at each position, keep the draft
-    while the sample equals it."""
-    from trispec.accept import AcceptResult
-
-    out = []
-    for i, token in enumerate([*draft, None]):
-        x = int(sample(logits_to_probs(rows[i : i + 1], params), generator)[0])
-        out.append(x)
-        if token is None or x != token:
-            return AcceptResult(i, out)
-    raise AssertionError
+def _model(path: Path, vocab_size: int) -> TorchEngine:
+    """The tiny model named by ``standin.json``: random weights of ``seed``, plus ``noise`` times the
+    random weights of ``noise_seed`` when given (a draft that agrees with its target often, not always)."""
+    spec = json.loads((path / "standin.json").read_text())
+    key = json.dumps({**spec, "vocab": vocab_size}, sort_keys=True)
+    if key not in ENGINES:
+        args = tiny_args(vocab_size=vocab_size)
+        state = random_state_dict(args, int(spec["seed"]))
+        if spec.get("noise"):
+            noise = random_state_dict(args, int(spec["noise_seed"]))
+            state = {name: w + float(spec["noise"]) * noise[name] for name, w in state.items()}
+        ENGINES[key] = TorchEngine.from_state_dict(args, state, num_blocks=4096, block_size=8)
+    return ENGINES[key]
 
 
 _seq_ids = itertools.count(1)
 
 
 def write_engine(
-    path: Path, *, vocab_size: int, seed: int, spec_mode: object = 1, max_draft_len: int = 0, **overrides: Any
+    path: Path,
+    *,
+    vocab_size: int,
+    seed: int,
+    spec_mode: object = 1,
+    max_draft_len: int = 0,
+    weights_bytes: int = 0,
+    noise: float = 0.0,
+    noise_seed: int = 7,
+    **overrides: Any,
 ) -> Path:
-    """An engine directory in TensorRT-LLM's documented config.json schema, plus the stand-in's
-    ``standin.json`` naming the tiny model it runs."""
+    """An engine directory: TensorRT-LLM's config.json schema, a ``rank0.engine`` of
+    ``weights_bytes`` (sparse), and ``standin.json`` naming the tiny model it runs."""
     path.mkdir(parents=True, exist_ok=True)
     config = engine_config(
         vocab_size=vocab_size, spec_mode=spec_mode, max_draft_len=max_draft_len, **overrides
     )
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    (path / "standin.json").write_text(json.dumps({"seed": seed}))
+    with (path / "rank0.engine").open("wb") as engine_file:
+        engine_file.truncate(weights_bytes)
+    model = {"seed": seed, "noise": noise, "noise_seed": noise_seed} if noise else {"seed": seed}
+    (path / "standin.json").write_text(json.dumps(model))
     return path
 
 
@@ -325,10 +606,8 @@ def engine_config(
 ) -> dict:
     """config.json as trtllm-build writes it (EngineConfig.to_dict()) for ``--max_seq_len 1000``:
     for an external-draft target it writes max_seq_len + max_draft_len (the room for the drafts);
-    ``overrides`` by dotted key."""
-    from trispec.runners.trtllm_engines import spec_mode_name
-
-    external = spec_mode_name(spec_mode) == "DRAFT_TOKENS_EXTERNAL"
+    ``overrides`` by key path joined with ``__``."""
+    external = spec_mode in (2, "DRAFT_TOKENS_EXTERNAL", "draft_tokens_external")
     config: dict[str, Any] = {
         "version": "1.2.1",
         "pretrained_config": {

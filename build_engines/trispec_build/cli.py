@@ -23,7 +23,7 @@ from trispec.checkpoints import cache_dir, load_tokenizer
 from trispec.config import ModelConfig, SpecDecConfig, load_config
 from trispec.engine.args import Arch, ModelArgs
 from trispec.errors import ConfigError, InvalidInputError
-from trispec.runners.trtllm_engines import EngineConfigError, check_pair, max_context, read_engine
+from trispec.runners.trtllm_engines import EngineConfigError, check_pair, context_limit, read_engine
 
 from trispec_build import llmapi, trtllm_build
 
@@ -105,10 +105,13 @@ def check_engines(draft_dir: Path | None, target_dir: Path, num_draft_tokens: in
             print(line)
         return 1
     pair = f"draft {draft.path} + target {target.path}" if draft is not None else f"target {target.path}"
-    context = max_context(draft, target, num_draft_tokens)
+    context, bound = context_limit(draft, target, num_draft_tokens)
+    unchunked, unchunked_bound = context_limit(draft, target, num_draft_tokens, chunked_context=False)
     print(
         f"engines fit: {pair}: {target.architecture}, vocab {target.vocab_size}, external drafts up to "
-        f"{target.max_draft_len} (using {num_draft_tokens}), max context {context} tokens, "
+        f"{target.max_draft_len} (using {num_draft_tokens}), max context {context} tokens ({bound}), "
+        f"max_num_tokens {target.max_num_tokens} per step (longer contexts are prefilled in chunks; "
+        f"with trtllm.chunked_context false the max context is {unchunked}: {unchunked_bound}), "
         f"max batch {target.max_batch_size}"
     )
     return 0

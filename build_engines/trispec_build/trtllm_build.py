@@ -90,6 +90,9 @@ def plan(config: SpecDecConfig, archs: dict[str, Arch], hf_dirs: dict[str, Path]
             "--max_batch_size", str(trt.max_batch_size),
             "--max_input_len", str(trt.max_input_len),
             "--max_seq_len", str(trt.max_seq_len),
+            # explicit: left out, trtllm-build raises it to max_batch_size * (max_draft_len + 1) for
+            # a draft-tokens target, and the context limit would differ between the two engines
+            "--max_num_tokens", str(trt.max_num_tokens),
         ]  # fmt: skip
         if role == "target":
             build += [

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trispec.errors import ConfigError
 
@@ -200,6 +200,10 @@ class TrtllmConfig(_Strict):
     max_seq_len: int = Field(4096, ge=2)
     # the target engine accepts up to this many external draft tokens per request
     max_draft_len: int = Field(8, ge=1, le=64)
+    # tokens one engine step packs (trtllm-build --max_num_tokens, passed explicitly: left out,
+    # trtllm-build raises it for a draft-tokens target). Without chunked context a whole context
+    # (the sequence re-sent each round, plus its drafts) must fit in it.
+    max_num_tokens: int = Field(8192, ge=1)
     # weight-only quantisation of both engines (a self-draft is always int8)
     weight_only: Literal["int8", "int4"] | None = None
     # TensorRT-LLM's examples folder (convert_checkpoint.py lives under models/core/<arch>/)
@@ -210,19 +214,43 @@ class TrtllmConfig(_Strict):
     target_engine: Path | None = None
     draft_engine: Path | None = None
     gpu_ids: list[int] = Field(default_factory=lambda: [0], min_length=1)
-    # tp_size > 1: TensorRT-LLM's MPI worker that orchestrator mode spawns per GPU (this is its place
-    # in NVIDIA's Triton TRT-LLM images)
-    executor_worker: Path = Path("/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker")
+    # tp_size > 1: TensorRT-LLM's MPI worker that orchestrator mode spawns per GPU. Unset: NVIDIA's
+    # Triton image's trtllmExecutorWorker if present, else tensorrt_llm/bin/executorWorker inside the
+    # installed wheel (which always ships it)
+    executor_worker: Path | None = None
     kv_cache: KVCacheBudget = KVCacheBudget(gpu_fraction=0.85)
-    # sampled requests: false (default) = TensorRT-LLM accepts a draft token when the target's own
-    # sample equals it (exactly the target's distribution); true = it also gets the draft's logits
-    # and applies its own logits-based check (more accepted, but not the lossless rule)
-    draft_logits: bool = False
+    # GPU memory each engine takes beside its weights before its KV cache is sized (activations,
+    # decoder buffers); subtracted with both engines' weights before the KV budget is split
+    runtime_reserve_gib: float = Field(1.0, ge=0)
+    # prompts longer than max_num_tokens are prefilled in chunks (needs paged context FMHA, which
+    # specdec-build always enables); false: such contexts are refused up front, naming max_num_tokens
+    chunked_context: bool = True
+    # sampled requests: true (default) = the draft's logits go with its tokens, divided by the
+    # draft's temperature and masked to its top-k/top-p set, so TensorRT-LLM's p/q check sees the
+    # distribution the draft sampled from: lossless. false = tokens only: TensorRT-LLM then accepts
+    # a draft when the target's own sample equals it and otherwise emits a FRESH target sample, which
+    # is biased towards the draft for temperature > 0 (greedy stays exact either way)
+    draft_logits: bool = True
+    # TensorRT-LLM >= 1.3 LLM API only (model.yaml / extra_llm_api_options.yaml): speculation off at
+    # batch sizes above this (DecodingBaseConfig.max_concurrency); null: always on
+    max_concurrency: int | None = Field(8, ge=1)
+
+    @field_validator("executor_worker", mode="before")
+    @classmethod
+    def _worker_path(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must name the executor worker binary, not be empty (omit it for the default)")
+        return value
 
     @model_validator(mode="after")
     def _limits(self) -> TrtllmConfig:
         if self.max_input_len > self.max_seq_len:
             raise ValueError("max_input_len must be <= max_seq_len")
+        if self.max_num_tokens <= self.max_draft_len:
+            raise ValueError(
+                f"max_num_tokens ({self.max_num_tokens}) must exceed max_draft_len ({self.max_draft_len}): "
+                "one verify step takes max_draft_len + 1 tokens"
+            )
         if len(self.gpu_ids) != self.tp_size:
             raise ValueError(f"gpu_ids names {len(self.gpu_ids)} GPUs, tp_size is {self.tp_size}")
         return self

@@ -61,6 +61,12 @@ class Limits:
     max_num_draft_tokens: int
     default_num_draft_tokens: int
     vocab_size: int
+    # what bounds max_context, named in the refusal
+    context_note: str = ""
+
+    @property
+    def context(self) -> str:
+        return f"{self.max_context} tokens" + (f": {self.context_note}" if self.context_note else "")
 
 
 def _is_int(value: object) -> bool:
@@ -77,7 +83,7 @@ def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limi
     if len(prompt_ids) >= limits.max_context:
         raise InvalidInputError(
             field_name,
-            f"{len(prompt_ids)} tokens is longer than the context ({limits.max_context} tokens)",
+            f"{len(prompt_ids)} tokens is longer than the context ({limits.context})",
             reason="too_long",
         )
     if not _is_int(request.max_tokens) or request.max_tokens <= 0:
@@ -86,7 +92,7 @@ def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limi
         raise InvalidInputError(
             "max_tokens",
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds the context "
-            f"({limits.max_context} tokens)",
+            f"({limits.context})",
             reason="too_long",
         )
     k = request.num_draft_tokens

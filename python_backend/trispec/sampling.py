@@ -81,6 +81,19 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return torch.empty_like(sorted_probs).scatter_(-1, sorted_ids, sorted_probs)
 
 
+def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``[n, V]`` logits -> float32 logits whose plain softmax is :func:`logits_to_probs` of a
+    sampled request: divided by the temperature, -inf outside the top-k / top-p set."""
+    if params.greedy:
+        raise ValueError("greedy requests have no sampled distribution to express as logits")
+    scaled = logits.float() / params.temperature
+    if params.top_k == 0 and params.top_p >= 1.0:
+        return scaled
+    sorted_logits, sorted_ids = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    kept = _filter_sorted(sorted_logits, params.top_k, params.top_p)
+    return torch.empty_like(kept).scatter_(-1, sorted_ids, kept)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of ``probs`` ``[n, V]`` -> ``[n]`` int64, drawn with ``generator``.
 

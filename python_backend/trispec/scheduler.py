@@ -81,11 +81,12 @@ class Scheduler:
         # long; None (offline, benchmark): requests wait their turn
         self.urgent_after_s: float | None = None
         max_k = config.max_num_draft_tokens if runner.can_draft else 0
-        max_context = runner.max_context
-        if config.max_context is not None:
-            max_context = min(max_context, config.max_context)
+        max_context, context_note = runner.max_context, runner.max_context_note
+        if config.max_context is not None and config.max_context < max_context:
+            max_context, context_note = config.max_context, "scheduler.max_context"
         self.limits = Limits(
             max_context=max_context,
+            context_note=context_note,
             max_num_draft_tokens=max_k,
             default_num_draft_tokens=min(config.default_num_draft_tokens, max_k),
             vocab_size=runner.vocab_size,

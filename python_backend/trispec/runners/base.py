@@ -28,6 +28,11 @@ class SpecRunner(Protocol):
         ...
 
     @property
+    def max_context_note(self) -> str:
+        """What bounds ``max_context`` (an engine key and its value), for the refusal message."""
+        ...
+
+    @property
     def shapes_logits(self) -> bool:
         """Whether it applies penalties, bad words and min_tokens and reports log-probabilities
         (``logits_rules.py``); requests asking for them are refused otherwise."""

@@ -63,6 +63,10 @@ class TorchSpecRunner:
         return True
 
     @property
+    def max_context_note(self) -> str:
+        return "the target's KV pool and position table (scheduler.max_context)"
+
+    @property
     def can_draft(self) -> bool:
         return not isinstance(self.drafter, NoDrafter)
 

@@ -166,6 +166,11 @@ def check_pair(draft: EngineInfo | None, target: EngineInfo, num_draft_tokens: i
             f"build_config.speculative_decoding_mode: target {target.speculative_decoding_mode} "
             "(build the target with --speculative_decoding_mode draft_tokens_external)"
         )
+    if target.max_num_tokens is not None and target.max_num_tokens <= num_draft_tokens:
+        problems.append(
+            f"build_config.max_num_tokens: target {target.max_num_tokens} cannot hold one verify step of "
+            f"{num_draft_tokens} drafts + 1 (rebuild with a larger --max_num_tokens)"
+        )
     if target.max_draft_len < num_draft_tokens:
         problems.append(
             f"build_config.max_draft_len: target {target.max_draft_len} < {num_draft_tokens} draft tokens "
@@ -196,15 +201,54 @@ def check_pair(draft: EngineInfo | None, target: EngineInfo, num_draft_tokens: i
     return problems
 
 
-def max_context(draft: EngineInfo | None, target: EngineInfo, num_draft_tokens: int) -> int:
-    """Longest sequence (prompt + output) the pair serves: every round sends the whole sequence as
-    input (<= max_input_len); the built max_seq_len bounds the total (the target's has room for k
-    more on top, the draft's must hold its k drafts)."""
-    engines = [target] if draft is None else [draft, target]
-    by_input = min(e.max_input_len for e in engines) + 1
-    by_seq = (
-        target.usable_seq_len
-        if draft is None
-        else min(target.usable_seq_len, draft.max_seq_len - num_draft_tokens)
-    )
-    return max(min(by_input, by_seq), 1)
+def context_limit(
+    draft: EngineInfo | None, target: EngineInfo, num_draft_tokens: int, *, chunked_context: bool = True
+) -> tuple[int, str]:
+    """Longest sequence (prompt + output) the pair serves, and the engine key that bounds it.
+
+    Every round re-sends the whole sequence (up to ``limit - 1`` tokens) to both engines, and
+    ``LlmRequest::validate`` (TensorRT-LLM batch_manager/llmRequest.cpp) edits what does not fit
+    instead of refusing it: drafts past the target's max_input_len are silently cut, so the target
+    takes ``max_input_len - k`` tokens of sequence. The draft takes its max_input_len and must hold
+    its k drafts within its max_seq_len; the target's usable max_seq_len (config.json holds
+    max_draft_len more, see usable_seq_len) bounds the total. Without chunked context a context plus
+    its drafts must also fit max_num_tokens, or the executor fails every request in flight
+    (microBatchScheduler.cpp "The number of context tokens")."""
+    k = num_draft_tokens
+    bounds = [
+        (
+            target.max_input_len - k + 1,
+            f"target build_config.max_input_len {target.max_input_len} - {k} drafts",
+        ),
+        (target.usable_seq_len, f"target build_config.max_seq_len {target.usable_seq_len}"),
+    ]
+    if draft is not None:
+        bounds.append((draft.max_input_len + 1, f"draft build_config.max_input_len {draft.max_input_len}"))
+        bounds.append(
+            (draft.max_seq_len - k + 1, f"draft build_config.max_seq_len {draft.max_seq_len} - {k} drafts")
+        )
+    if not chunked_context:
+        for role, engine, drafts in (("target", target, k), ("draft", draft, 0)):
+            if engine is not None and engine.max_num_tokens is not None:
+                bounds.append(
+                    (
+                        engine.max_num_tokens - drafts + 1,
+                        f"{role} build_config.max_num_tokens {engine.max_num_tokens}"
+                        + (f" - {drafts} drafts" if drafts else "")
+                        + " (trtllm.chunked_context is off: a whole context must fit one engine step)",
+                    )
+                )
+    tokens, reason = min(bounds, key=lambda bound: bound[0])
+    return max(tokens, 1), reason
+
+
+def max_context(
+    draft: EngineInfo | None, target: EngineInfo, num_draft_tokens: int, *, chunked_context: bool = True
+) -> int:
+    return context_limit(draft, target, num_draft_tokens, chunked_context=chunked_context)[0]
+
+
+def engine_weight_bytes(path: Path) -> int:
+    """What one GPU holds of an engine's weights: its largest ``rank<r>.engine`` file (each rank of a
+    tensor-parallel engine runs on its own GPU); 0 when the directory has none."""
+    return max((f.stat().st_size for f in Path(path).glob("rank*.engine")), default=0)

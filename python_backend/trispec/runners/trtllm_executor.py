@@ -1,31 +1,45 @@
 """The one module that calls TensorRT-LLM: its C++ executor through ``tensorrt_llm.bindings.executor``.
 
-Written against the documented API of TensorRT-LLM 1.2.x (the last releases that run TensorRT
-engines; later releases are PyTorch-backend only). Everything TensorRT-LLM-shaped stays here: the
-runner above it speaks in token lists. The package is imported lazily, so the torch path never
-needs it; without it, ``engine.kind: trtllm`` fails with one line naming the package and version.
+Written against TensorRT-LLM 1.2.x (the last releases that run TensorRT engines; later releases are
+PyTorch-backend only). Everything TensorRT-LLM-shaped stays here: the runner above it speaks in
+token lists. The package is imported lazily, so the torch path never needs it; without it,
+``engine.kind: trtllm`` fails with one line naming the package and version.
 
-Names used (pybind ``cpp/tensorrt_llm/pybind/executor/``; Python driver
+Names used (nanobind/pybind ``cpp/tensorrt_llm/{nanobind,pybind}/executor/``; Python driver
 ``triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/1/model.py``): ``Executor(path,
-ModelType.DECODER_ONLY, ExecutorConfig)``, ``KvCacheConfig``, ``ParallelConfig`` (with
-``CommunicationMode.ORCHESTRATOR`` and ``OrchestratorConfig(is_orchestrator, worker_path)`` for
-tensor parallel), ``Request``,
+ModelType.DECODER_ONLY, ExecutorConfig(max_beam_width, kv_cache_config, enable_chunked_context,
+parallel_config, gather_generation_logits))``, ``KvCacheConfig(enable_block_reuse, max_tokens,
+free_gpu_memory_fraction)``, ``ParallelConfig`` (``CommunicationMode.ORCHESTRATOR`` and
+``OrchestratorConfig(is_orchestrator, worker_executable_path)`` for tensor parallel), ``Request``,
 ``SamplingConfig``, ``OutputConfig``, ``ExternalDraftTokensConfig``, ``enqueue_request``,
-``await_responses``, ``cancel_request``, ``Response.has_error() / error_msg / result``,
-``Result.output_token_ids / is_final / generation_logits``.
+``await_responses(ids, timeout)``, ``cancel_request``, ``get_latest_iteration_stats()``,
+``Response.has_error() / error_msg / result``, ``Result.output_token_ids / finish_reasons / is_final /
+generation_logits``.
+
+What the runtime does that shapes this module (fact sheet §0, each from TensorRT-LLM's source):
+the end token is never in ``output_token_ids``, only ``finish_reasons[0] == END_ID`` says it came
+(externalDraftTokensKernels.cu: "Do not increase seq len when EOS is generated"), so a completion
+carries ``ended``; KV block reuse is required for a draft-tokens target and is what makes re-sending
+the whole sequence every round cheap; the KV cache is sized inside ``Executor(...)`` as
+``min(max_tokens, fraction x free memory then)``, and its real size is only visible in the iteration
+stats, read back after a warm-up request.
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trispec.runners.trtllm_sampling import sampling_config_kwargs
 from trispec.sampling_params import SamplingParams
 
 SUPPORTED = "tensorrt_llm 1.2.x (engines and the executor bindings; newer releases run no engines)"
+# where NVIDIA's Triton TensorRT-LLM images put the worker; the wheel ships its own under bin/
+TRITON_IMAGE_WORKER = Path("/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker")
 
 
 class TrtllmUnavailable(RuntimeError):
@@ -43,14 +57,39 @@ def bindings() -> Any:
     return trtllm
 
 
+def worker_executable(configured: Path | None) -> Path:
+    """The MPI worker orchestrator mode spawns per GPU: ``trtllm.executor_worker`` when set, else
+    NVIDIA's Triton image's ``trtllmExecutorWorker``, else ``tensorrt_llm/bin/executorWorker`` inside
+    the installed wheel (which always ships it). Raises naming what was looked for."""
+    if configured is not None:
+        if not str(configured).strip() or str(configured) == ".":
+            raise TrtllmUnavailable("trtllm.executor_worker is empty: name the worker binary or omit it")
+        if not configured.is_file():
+            raise TrtllmUnavailable(f"trtllm.executor_worker: {configured} does not exist")
+        return configured
+    candidates = [TRITON_IMAGE_WORKER]
+    spec = importlib.util.find_spec("tensorrt_llm")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        candidates.append(Path(folder) / "bin" / "executorWorker")
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise TrtllmUnavailable(
+        "tensor parallel needs TensorRT-LLM's executor worker; none of "
+        f"{', '.join(map(str, candidates))} exists (set trtllm.executor_worker)"
+    )
+
+
 @dataclass(frozen=True)
 class Completion:
-    """What one request produced: the new tokens (input excluded), the per-token logits when asked
-    for (``[len(tokens), vocab]`` float32), or the executor's error."""
+    """What one request produced: the new tokens (input excluded, the end token never among them),
+    whether it stopped on its end id, the per-token logits when asked for (``[tokens, vocab]``), or
+    the executor's error."""
 
     tokens: list[int]
     logits: Any = None
     error: str | None = None
+    ended: bool = False
 
 
 class TrtllmExecutor:
@@ -60,23 +99,32 @@ class TrtllmExecutor:
         self,
         engine_dir: Path,
         *,
-        kv_cache_tokens: int,
+        kv_cache_tokens: int | None,
+        free_gpu_memory_fraction: float = 0.9,
         device_ids: list[int] | None = None,
         worker_executable: Path | None = None,
         gather_generation_logits: bool = False,
+        enable_chunked_context: bool = True,
     ) -> None:
         trtllm = bindings()
         self._trtllm = trtllm
-        # block reuse is what makes re-sending the whole sequence every round cheap: set it explicitly
-        # (its default changed across releases); max_tokens is this executor's share of one budget
+        # block reuse: required for a draft-tokens target, and what makes re-sending the sequence
+        # cheap (set explicitly: its default changed across releases). max_tokens is this executor's
+        # share of one budget; the fraction only caps it (the smaller wins)
+        kv_cache = trtllm.KvCacheConfig(
+            enable_block_reuse=True,
+            max_tokens=kv_cache_tokens,
+            free_gpu_memory_fraction=free_gpu_memory_fraction,
+        )
         kwargs: dict[str, Any] = {
             "max_beam_width": 1,
-            "kv_cache_config": trtllm.KvCacheConfig(enable_block_reuse=True, max_tokens=kv_cache_tokens),
+            "kv_cache_config": kv_cache,
+            "enable_chunked_context": enable_chunked_context,
         }
         if device_ids and len(device_ids) > 1:
-            # tensor parallel from one process: orchestrator mode, the executor spawns its MPI workers
-            # (trtllmExecutorWorker). Leader mode would need one process per GPU under mpirun. As
-            # tensorrtllm_backend's Python-backend model.py sets it up (get_parallel_config).
+            # tensor parallel from one process: orchestrator mode, the executor spawns its MPI workers.
+            # Leader mode would need one process per GPU under mpirun. As tensorrtllm_backend's
+            # Python-backend model.py sets it up (get_parallel_config).
             kwargs["parallel_config"] = trtllm.ParallelConfig(
                 device_ids=device_ids,
                 communication_mode=trtllm.CommunicationMode.ORCHESTRATOR,
@@ -95,29 +143,21 @@ class TrtllmExecutor:
         max_new_tokens: int,
         *,
         sampling: SamplingParams,
-        seed: int | None,
-        end_id: int | None,
+        seed: int,
+        end_id: int,
         pad_id: int | None,
-        client_id: int,
+        client_id: int | None = None,
         draft_tokens: list[int] | None = None,
         draft_logits: Any = None,
         return_logits: bool = False,
     ) -> int:
-        """Enqueue one request (raises if the executor refuses it). ``draft_tokens`` must not be
-        empty: TensorRT-LLM asserts on an empty external draft (TRT-LLM #2684), send none instead."""
+        """Enqueue one request (raises if the bindings refuse it). ``end_id`` -1: no end token.
+        ``draft_tokens`` must not be empty: TensorRT-LLM asserts on an empty external draft
+        (TRT-LLM #2684), send none instead."""
         trtllm = self._trtllm
         if draft_tokens is not None and not draft_tokens:
             raise ValueError("an external draft must hold at least one token")
-        if sampling.greedy:
-            sampling_config = trtllm.SamplingConfig(beam_width=1)
-        else:
-            sampling_config = trtllm.SamplingConfig(
-                beam_width=1,
-                top_k=sampling.top_k or None,
-                top_p=sampling.top_p if sampling.top_p < 1.0 else None,
-                temperature=sampling.temperature,
-                seed=seed,
-            )
+        sampling_config = trtllm.SamplingConfig(beam_width=1, **sampling_config_kwargs(sampling, seed))
         output_config = trtllm.OutputConfig(
             exclude_input_from_output=True, return_generation_logits=return_logits
         )
@@ -159,16 +199,30 @@ class TrtllmExecutor:
                     if item.has_error():
                         done[rid] = Completion([], error=str(item.error_msg))
                         pending.discard(rid)
-                        continue
-                    result = item.result
-                    if not result.is_final:
-                        continue  # not streaming: only the final response carries the tokens
-                    logits = result.generation_logits
-                    if logits is not None and getattr(logits, "numel", lambda: 1)() == 0:
-                        logits = None
-                    done[rid] = Completion(list(result.output_token_ids[0]), logits)
-                    pending.discard(rid)
+                    elif item.result.is_final:  # not streaming: only the final one carries tokens
+                        done[rid] = self._completion(item.result)
+                        pending.discard(rid)
         return done
+
+    def _completion(self, result: Any) -> Completion:
+        reasons = list(getattr(result, "finish_reasons", None) or [])
+        reason = reasons[0] if reasons else None
+        if reason == self._trtllm.FinishReason.CANCELLED:
+            return Completion([], error="cancelled by the executor")
+        logits = result.generation_logits
+        if logits is not None and getattr(logits, "numel", lambda: 1)() == 0:
+            logits = None
+        ended = reason == self._trtllm.FinishReason.END_ID
+        return Completion(list(result.output_token_ids[0]), logits, ended=ended)
+
+    def kv_capacity_tokens(self) -> int | None:
+        """The KV cache the executor really holds, in tokens, from its latest iteration stats (None
+        before any iteration ran)."""
+        for stats in reversed(list(self.executor.get_latest_iteration_stats())):
+            kv = getattr(stats, "kv_cache_stats", None)
+            if kv is not None and kv.max_num_blocks:
+                return int(kv.max_num_blocks) * int(kv.tokens_per_block)
+        return None
 
     def cancel(self, request_id: int) -> None:
         self.executor.cancel_request(request_id)

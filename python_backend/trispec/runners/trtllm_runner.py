@@ -3,15 +3,19 @@
 TensorRT-LLM owns the KV caches and the batching inside each executor; the runner only says "this
 sequence, these draft tokens". Per step, for every running sequence at once:
   1. draft: one request per drafting sequence to the draft executor (the whole sequence, k new
-     tokens, the input excluded from the output, generation logits when sampling) — or our own
-     model-free drafter (n-gram) with no draft engine;
+     tokens, no end token so that an end token can be proposed, generation logits when sampling) —
+     or our own model-free drafter (n-gram) with no draft engine;
   2. verify: one request per sequence to the target executor with the draft as
-     ``ExternalDraftTokensConfig`` and room for len(draft) + 1 tokens; the target returns the accepted
-     drafts plus one token of its own. A sequence with no draft sends a plain one-token request
-     (TensorRT-LLM asserts on an empty draft list).
-Both executors reuse KV blocks across rounds (``enable_block_reuse``), so re-sending the sequence
-costs only its new tokens. An executor error fails only its sequence; a sequence whose result does
-not come back in time is cancelled (``cancel_request``) and fails alone.
+     ``ExternalDraftTokensConfig`` and room for len(draft) + 1 tokens, the request's own end id. The
+     target returns the accepted drafts and then its own tokens; an end token never comes back as a
+     token, only as ``finish_reasons == END_ID``, so it is put back here. A sequence with no draft
+     sends a plain one-token request (TensorRT-LLM asserts on an empty draft list).
+Sampled requests send the draft's distribution as logits (``trtllm_sampling``), so TensorRT-LLM's
+p/q check is the lossless rule; drafts are cut here to what ``LlmRequest::validate`` would keep, so
+acceptance statistics count what was really verified. Both executors reuse KV blocks across rounds
+(``enable_block_reuse``), so re-sending the sequence costs only its new tokens. An executor error
+fails only its sequence; a sequence whose result does not come back in time is cancelled
+(``cancel_request``) and fails alone. Start-up (engines, KV budget, executors) is ``trtllm_setup``.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from trispec.config import SpecDecConfig
 from trispec.drafters.base import Drafter, DraftRequest
-from trispec.runners.kv_budget import KVSplit, split_kv_budget
-from trispec.runners.trtllm_engines import EngineInfo, check_pair, max_context, read_engine
+from trispec.runners.trtllm_engines import EngineInfo, context_limit
 from trispec.runners.trtllm_executor import Completion, TrtllmExecutor
+from trispec.runners.trtllm_sampling import draft_logits_for_acceptance
 from trispec.sampling_params import SamplingParams
 from trispec.step import KVUsage, SeqResult, SeqStep, StepPlan, StepResult
 
@@ -36,6 +42,7 @@ logger = logging.getLogger(__name__)
 # A round of requests that takes longer than this is cancelled (a stuck executor must not hang the
 # server); generous, since a cold long prompt prefills inside the round.
 ROUND_TIMEOUT_S = 600.0
+NO_END_ID = -1  # TensorRT-LLM's "no end token" (validate accepts [-1, vocab))
 
 
 @dataclass
@@ -45,6 +52,12 @@ class _Seq:
     num_computed: int = 0
     rounds: int = 0
     base_seed: int = field(default_factory=lambda: secrets.randbits(63))
+
+
+@dataclass
+class _Draft:
+    tokens: list[int]
+    logits: Any = None  # [len(tokens), vocab] for TensorRT-LLM's p/q check, when sampled
 
 
 class TrtllmSpecRunner:
@@ -61,61 +74,28 @@ class TrtllmSpecRunner:
         end_id: int | None = None,
         pad_id: int | None = None,
         draft_logits: bool = True,
+        chunked_context: bool = True,
     ) -> None:
         if draft is not None and drafter is not None:
             raise ValueError("either a draft engine or a model-free drafter, not both")
         self.target, self.target_info = target, target_info
-        self.draft, self.drafter = draft, drafter
+        self.draft, self.draft_info, self.drafter = draft, draft_info, drafter
         self.end_id, self.pad_id = end_id, pad_id
         self.draft_logits = draft_logits
+        self.chunked_context = chunked_context
         self.kv_tokens = kv_tokens
-        self._max_context = max_context(draft_info, target_info, num_draft_tokens)
+        self._max_context, self.max_context_note = context_limit(
+            draft_info, target_info, num_draft_tokens, chunked_context=chunked_context
+        )
         self._max_batch = min(e.max_batch_size for e in (target_info, draft_info) if e is not None)
         self._seqs: dict[int, _Seq] = {}
 
     @classmethod
     def from_config(cls, config: SpecDecConfig) -> TrtllmSpecRunner:
-        """Read and cross-check both engines, split the KV budget, start the executors."""
-        from trispec.checkpoints import load_tokenizer
-        from trispec.drafters.factory import model_free_drafter
-        from trispec.errors import ConfigError
+        """Read and cross-check both engines, plan the KV budget, start the executors."""
+        from trispec.runners.trtllm_setup import start_runner
 
-        trt = config.trtllm
-        assert trt is not None
-        k = config.scheduler.max_num_draft_tokens
-        target_info = read_engine(trt.target_engine_dir)
-        draft_info = read_engine(trt.draft_engine_dir) if config.drafter.kind in ("model", "self") else None
-        if config.drafter.with_suffix:
-            raise ConfigError("drafter.with_suffix", "not available with engine.kind trtllm yet")
-        problems = check_pair(draft_info, target_info, k)
-        if problems:
-            raise ConfigError("trtllm", "the engines do not fit together:\n  " + "\n  ".join(problems))
-        split = kv_split(config, target_info, draft_info)
-        print(f"specdec: {split.describe()}", flush=True)
-        logger.info("%s", split.describe())
-        tokenizer = load_tokenizer(config.target, "target")
-        common = {
-            "kv_cache_tokens": split.tokens,
-            "device_ids": trt.gpu_ids,
-            "worker_executable": trt.executor_worker,
-        }
-        target = TrtllmExecutor(trt.target_engine_dir, **common)
-        draft = None
-        if draft_info is not None:
-            draft = TrtllmExecutor(trt.draft_engine_dir, gather_generation_logits=trt.draft_logits, **common)
-        drafter = model_free_drafter(config, target_info.vocab_size)
-        return cls(
-            target,
-            target_info,
-            draft=draft,
-            drafter=drafter,
-            kv_tokens=split.tokens,
-            num_draft_tokens=k,
-            draft_info=draft_info,
-            end_id=tokenizer.eos_id,
-            pad_id=tokenizer.info.pad_id if tokenizer.info.pad_id is not None else tokenizer.eos_id,
-            draft_logits=trt.draft_logits,
-        )
+        return start_runner(cls, config)
 
     # -- admission ---------------------------------------------------------------------------
     @property
@@ -177,13 +157,57 @@ class TrtllmSpecRunner:
             if step.is_prompt_chunk:
                 self._seqs[step.seq_id].num_computed = step.feed_to
                 results[step.seq_id] = SeqResult(step.seq_id, num_computed=step.feed_to)
-        decodes = plan.decodes
+        decodes = []
+        for step in plan.decodes:
+            refusal = self._refusal(step)
+            if refusal is None:
+                decodes.append(step)
+            else:
+                results[step.seq_id] = self._failed(step, refusal)
         t0 = time.perf_counter()
-        drafts, draft_logits, failed = self._draft(decodes)
+        drafts, failed = self._draft(decodes)
         t1 = time.perf_counter()
         results.update(failed)
-        results.update(self._verify([s for s in decodes if s.seq_id not in failed], drafts, draft_logits))
+        results.update(self._verify([s for s in decodes if s.seq_id not in failed], drafts))
         return StepResult(results, t1 - t0, time.perf_counter() - t1)
+
+    def _refusal(self, step: SeqStep) -> str | None:
+        """A sequence the engines cannot take is failed here, alone: sent, TensorRT-LLM would fail
+        it (over max_input_len) or every request in flight with it (a context over max_num_tokens
+        without chunked context). The scheduler's context limit keeps requests from getting here."""
+        length = len(step.token_ids)
+        for role, engine in (("target", self.target_info), ("draft", self.draft_info)):
+            if engine is None:
+                continue
+            if length > engine.max_input_len:
+                return f"{length} tokens exceed the {role} engine's max_input_len ({engine.max_input_len})"
+            if (
+                not self.chunked_context
+                and engine.max_num_tokens is not None
+                and length > engine.max_num_tokens
+            ):
+                return (
+                    f"a context of {length} tokens does not fit the {role} engine's max_num_tokens "
+                    f"({engine.max_num_tokens}) with trtllm.chunked_context off"
+                )
+        return None
+
+    def _draft_room(self, step: SeqStep) -> int:
+        """Drafts TensorRT-LLM would keep for this sequence (``LlmRequest::validate`` cuts drafts past
+        max_input_len and lowers max_tokens past max_seq_len, config.json's value), so that what is
+        counted as drafted is what was verified."""
+        length, target = len(step.token_ids), self.target_info
+        room = min(
+            step.num_draft_tokens,
+            target.max_draft_len,
+            target.max_input_len - length,
+            (target.max_seq_len - length - 1) // 2,  # prompt + (k + 1) new + k drafts
+        )
+        if not self.chunked_context and target.max_num_tokens is not None:
+            room = min(room, target.max_num_tokens - length)
+        if self.draft_info is not None:
+            room = min(room, self.draft_info.max_seq_len - length)
+        return max(room, 0)
 
     def _seed(self, step: SeqStep) -> int:
         # every round is a new request: derive its seed from the request's and the position, so a
@@ -191,35 +215,41 @@ class TrtllmSpecRunner:
         seq = self._seqs[step.seq_id]
         return (seq.base_seed * 1_000_003 + len(step.token_ids)) % (2**63)
 
-    def _draft(
-        self, decodes: Sequence[SeqStep]
-    ) -> tuple[dict[int, list[int]], dict[int, Any], dict[int, SeqResult]]:
-        drafting = [s for s in decodes if s.num_draft_tokens > 0]
-        drafts: dict[int, list[int]] = {}
-        logits: dict[int, Any] = {}
+    def _end_id(self, step: SeqStep) -> int:
+        """The request's end token for TensorRT-LLM (one per request): the tokenizer's when it is
+        among the request's end ids, -1 when it has none (the scheduler still checks every end id)."""
+        ends = step.sampling.end_ids
+        if not ends:
+            return NO_END_ID
+        return self.end_id if self.end_id in ends else min(ends)
+
+    def _draft(self, decodes: Sequence[SeqStep]) -> tuple[dict[int, _Draft], dict[int, SeqResult]]:
+        wanted = {s.seq_id: self._draft_room(s) for s in decodes}
+        drafting = [s for s in decodes if wanted[s.seq_id] > 0]
+        drafts: dict[int, _Draft] = {}
         failed: dict[int, SeqResult] = {}
         if self.drafter is not None:
             requests = [
-                DraftRequest(s.seq_id, s.token_ids, s.num_draft_tokens, s.sampling, None) for s in drafting
+                DraftRequest(s.seq_id, s.token_ids, wanted[s.seq_id], s.sampling, None) for s in drafting
             ]
             for s, proposal in zip(drafting, self.drafter.propose(requests)):
-                drafts[s.seq_id] = proposal.tokens
-            return drafts, logits, failed
+                tokens = list(proposal.tokens)[: wanted[s.seq_id]]
+                drafts[s.seq_id] = _Draft(tokens, self._one_hot_logits(s, tokens))
+            return drafts, failed
         if self.draft is None or not drafting:
-            return drafts, logits, failed
+            return drafts, failed
         ids: dict[int, SeqStep] = {}
         for s in drafting:
-            want_logits = self.draft_logits and not s.sampling.greedy
             try:
                 rid = self.draft.submit(
                     list(s.token_ids),
-                    s.num_draft_tokens,
+                    wanted[s.seq_id],
                     sampling=s.sampling,
                     seed=self._seed(s),
-                    end_id=self.end_id,
+                    end_id=NO_END_ID,  # an end token is proposed like any other: the target judges it
                     pad_id=self.pad_id,
                     client_id=s.seq_id,
-                    return_logits=want_logits,
+                    return_logits=self._sends_logits(s),
                 )
             except Exception as exc:
                 failed[s.seq_id] = self._failed(s, f"draft request refused: {exc}")
@@ -230,54 +260,72 @@ class TrtllmSpecRunner:
             if done.error is not None:
                 failed[s.seq_id] = self._failed(s, f"draft engine: {done.error}")
                 continue
-            drafts[s.seq_id] = done.tokens[: s.num_draft_tokens]
-            if done.logits is not None:
-                logits[s.seq_id] = _logits_2d(done.logits)[: len(drafts[s.seq_id])]
-        return drafts, logits, failed
+            tokens = done.tokens[: wanted[s.seq_id]]
+            logits = None
+            if self._sends_logits(s) and tokens:
+                if done.logits is None:
+                    failed[s.seq_id] = self._failed(s, "draft engine returned no generation logits")
+                    continue
+                rows = _logits_2d(done.logits)[: len(tokens)]
+                logits = draft_logits_for_acceptance(rows, s.sampling, self.vocab_size)
+            drafts[s.seq_id] = _Draft(tokens, logits)
+        return drafts, failed
 
-    def _verify(
-        self, decodes: Sequence[SeqStep], drafts: dict[int, list[int]], draft_logits: dict[int, Any]
-    ) -> dict[int, SeqResult]:
+    def _sends_logits(self, step: SeqStep) -> bool:
+        # greedy verification is exact token matching: logits would change nothing
+        return self.draft_logits and not step.sampling.greedy
+
+    def _one_hot_logits(self, step: SeqStep, tokens: list[int]) -> torch.Tensor | None:
+        """A model-free draft is deterministic: its q is one-hot, which TensorRT-LLM's p/q rule turns
+        into "accept with probability p(d), else draw from p without d" (lossless); ids alone would
+        get its biased token-match rule."""
+        if not self._sends_logits(step) or not tokens:
+            return None
+        logits = torch.full((len(tokens), self.vocab_size), float("-inf"))
+        logits[torch.arange(len(tokens)), torch.as_tensor(tokens)] = 0.0
+        return logits
+
+    def _verify(self, decodes: Sequence[SeqStep], drafts: dict[int, _Draft]) -> dict[int, SeqResult]:
         results: dict[int, SeqResult] = {}
-        ids: dict[int, SeqStep] = {}
+        ids: dict[int, tuple[SeqStep, _Draft, int]] = {}
         for s in decodes:
-            # never an empty external draft (TensorRT-LLM asserts), and never more than the engine's
-            # max_draft_len: that error surfaces in the executor's next iteration and fails every
-            # request in flight on it, not only this one
-            draft = drafts.get(s.seq_id, [])[: self.target_info.max_draft_len] or None
-            drafts[s.seq_id] = draft or []
+            draft = drafts.get(s.seq_id)
+            if draft is None or not draft.tokens:
+                draft = _Draft([])  # never an empty external draft: TensorRT-LLM asserts on one
+            end_id = self._end_id(s)
             try:
                 rid = self.target.submit(
                     list(s.token_ids),
-                    len(draft or ()) + 1,
+                    len(draft.tokens) + 1,
                     sampling=s.sampling,
                     seed=self._seed(s) + 1,
-                    end_id=self.end_id,
+                    end_id=end_id,
                     pad_id=self.pad_id,
                     client_id=s.seq_id,
-                    draft_tokens=draft,
-                    draft_logits=draft_logits.get(s.seq_id) if draft else None,
+                    draft_tokens=draft.tokens or None,
+                    draft_logits=draft.logits,
                 )
             except Exception as exc:
                 results[s.seq_id] = self._failed(s, f"target request refused: {exc}")
                 continue
-            ids[rid] = s
+            ids[rid] = (s, draft, end_id)
         for rid, done in self.target.collect(list(ids), ROUND_TIMEOUT_S).items():
-            s = ids[rid]
-            results[s.seq_id] = self._accepted(s, drafts.get(s.seq_id, []), done)
+            s, draft, end_id = ids[rid]
+            results[s.seq_id] = self._accepted(s, draft.tokens, done, end_id)
         return results
 
-    def _accepted(self, step: SeqStep, draft: list[int], done: Completion) -> SeqResult:
+    def _accepted(self, step: SeqStep, draft: list[int], done: Completion, end_id: int) -> SeqResult:
         if done.error is not None:
             return self._failed(step, f"target engine: {done.error}")
-        if not done.tokens:
+        # the end token is not among the tokens, the finish reason says it came (fact sheet §0.1)
+        tokens = [*done.tokens, end_id] if done.ended else list(done.tokens)
+        tokens = tokens[: len(draft) + 1]
+        if not tokens:
             return self._failed(step, "target engine returned no token")
-        tokens = done.tokens[: len(draft) + 1]
-        # the target verifies the drafts with the prompt's prefill step and returns the accepted ones
-        # plus its own token; whether it stops there or decodes on up to len(draft) + 1 is not
-        # documented, and either way every token it returns is the target's own
+        # the accepted drafts come first; after a rejection the target's own tokens follow (it
+        # decodes on up to len(draft) + 1), every one of them the target's
         accepted = 0
-        while accepted < min(len(draft), len(tokens) - 1) and tokens[accepted] == draft[accepted]:
+        while accepted < min(len(draft), len(tokens)) and tokens[accepted] == draft[accepted]:
             accepted += 1
         seq = self._seqs[step.seq_id]
         seq.num_computed = step.feed_to + len(tokens) - 1
@@ -290,24 +338,5 @@ class TrtllmSpecRunner:
 
 
 def _logits_2d(logits: Any) -> Any:
-    """Generation logits come back as ``[beams, tokens, vocab]`` (or ``[tokens, vocab]``): beam 0."""
+    """Generation logits come back as ``[beams, max_tokens, vocab]`` (or ``[tokens, vocab]``): beam 0."""
     return logits[0] if getattr(logits, "dim", lambda: 2)() == 3 else logits
-
-
-def kv_split(config: SpecDecConfig, target: EngineInfo, draft: EngineInfo | None) -> KVSplit:
-    """Split ``trtllm.kv_cache`` (GiB, or a fraction of the free GPU memory) between the executors."""
-    trt = config.trtllm
-    assert trt is not None
-    if trt.kv_cache.gib is not None:
-        budget = trt.kv_cache.gib * 2**30
-    else:
-        budget = trt.kv_cache.gpu_fraction * free_gpu_memory(trt.gpu_ids[0])  # type: ignore[operator]
-    draft_bpt = draft.kv_bytes_per_token() if draft is not None else 0.0
-    return split_kv_budget(budget, target.kv_bytes_per_token(), draft_bpt, target.tokens_per_block)
-
-
-def free_gpu_memory(device: int) -> int:
-    import torch
-
-    free, _total = torch.cuda.mem_get_info(device)
-    return int(free)
