@@ -217,8 +217,9 @@ class TrtllmExecutor:
 
     def kv_capacity_tokens(self) -> int | None:
         """The KV cache the executor really holds, in tokens, from its latest iteration stats (None
-        before any iteration ran)."""
-        for stats in reversed(list(self.executor.get_latest_iteration_stats())):
+        before any iteration ran, or from bindings without iteration stats)."""
+        latest = getattr(self.executor, "get_latest_iteration_stats", None)
+        for stats in reversed(list(latest() if latest is not None else [])):
             kv = getattr(stats, "kv_cache_stats", None)
             if kv is not None and kv.max_num_blocks:
                 return int(kv.max_num_blocks) * int(kv.tokens_per_block)
