@@ -18,7 +18,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / "python_backend" / "trispec"
-SEAM = ["scheduler.py", "step.py", "llm_engine.py", "runners/base.py", "sequence.py", "request.py"]
+SEAM = [
+    "scheduler/__init__.py",
+    "scheduler/intake.py",
+    "scheduler/admission.py",
+    "scheduler/outputs.py",
+    "scheduler/scheduler.py",
+    "step.py",
+    "llm_engine.py",
+    "runners/base.py",
+    "sequence.py",
+    "request.py",
+]
 FORBIDDEN_FOR_SEAM = ("trispec.engine", "trispec.drafters", "trispec.verifier", "trispec.accept", "torch")
 
 

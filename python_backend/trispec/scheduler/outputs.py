@@ -1,0 +1,80 @@
+"""What one step's ``SeqResult`` means for one request: the tokens it emits and the text safe to
+show, and whether it ends (end id, max_tokens, stop string), with its log-probabilities."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trispec.errors import InvalidInputError
+from trispec.sequence import FinishReason, Sequence
+from trispec.stats import AcceptanceStats, EngineStats
+from trispec.step import SeqResult
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step produced for one request: only verified tokens, and text safe to show."""
+
+    request_id: int
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: FinishReason | None
+    stats: AcceptanceStats
+    # why the request failed (finish_reason ERROR): the runner failed on this sequence alone
+    error: str | None = None
+    # a request queued with ``tokenize_later`` that turned out invalid once tokenised (too long, ...)
+    invalid: InvalidInputError | None = None
+    # log-probability of each of ``new_token_ids`` when the request asked for them
+    new_log_probs: list[float] | None = None
+    num_prompt_tokens: int = 0
+    # wall clock (time.time_ns) when the request was first admitted into the batch
+    first_scheduled_ns: int | None = None
+
+
+def apply_result(seq: Sequence, result: SeqResult, planned_k: int, stats: EngineStats) -> RequestOutput:
+    """Account, emit and finish one sequence after its verify."""
+    seq.stats.record_round(result.num_drafted, result.num_accepted, planned_k)
+    stats.record_round(result.num_drafted, result.num_accepted, planned_k)
+    new_ids: list[int] = []
+    for token in result.new_token_ids:
+        new_ids.append(token)
+        if token in seq.end_ids:
+            seq.finish_reason = FinishReason.STOP
+            break
+        if len(seq.output_ids) + len(new_ids) >= seq.max_tokens:
+            seq.finish_reason = FinishReason.LENGTH
+            break
+    # the end token is emitted as a token id but its text is not part of the output
+    ended = seq.finish_reason is FinishReason.STOP
+    kept, text, stopped = seq.text.push(new_ids[:-1] if ended else new_ids)
+    if stopped:
+        # a stop string completed: drop every token after the one that completed it
+        seq.finish_reason = FinishReason.STOP
+        new_ids = new_ids[:kept]
+    seq.output_ids.extend(new_ids)
+    stats.generated_tokens += len(new_ids)
+    if seq.finished:
+        text += seq.text.finish()
+    log_probs = None if result.log_probs is None else result.log_probs[: len(new_ids)]
+    return request_output(seq, new_ids, text, log_probs)
+
+
+def request_output(
+    seq: Sequence, new_ids: list[int], text: str, log_probs: list[float] | None = None
+) -> RequestOutput:
+    """The request's output for this step (log-probabilities empty, not absent, when it asked for them)."""
+    if log_probs is None and seq.sampling.return_log_probs:
+        log_probs = []
+    return RequestOutput(
+        seq.seq_id,
+        new_ids,
+        text,
+        seq.finished,
+        seq.finish_reason,
+        seq.stats,
+        seq.error,
+        new_log_probs=log_probs,
+        num_prompt_tokens=len(seq.prompt_ids),
+        first_scheduled_ns=seq.first_scheduled_ns,
+    )
