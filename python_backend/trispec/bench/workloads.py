@@ -39,6 +39,10 @@ import re
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trispec.tokenizer import Tokenizer
 
 WORKLOADS = ("humaneval", "sharegpt", "edit")
 
@@ -219,3 +223,36 @@ def load(workload: str, n: int, seed: int = 0) -> list[Prompt]:
     if n > len(pool):
         raise ValueError(f"workload {workload!r} has {len(pool)} prompts, asked for {n}")
     return random.Random(seed).sample(pool, n)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload's prompts for a sweep, tokenised."""
+
+    name: str
+    prompts: list[list[int]]  # timed, in order
+    warmup: list[list[int]]  # other prompts of the same workload, untimed
+
+
+def load_workloads(
+    names: list[str], tokenizer: Tokenizer, n: int, n_warmup: int, seed: int, max_prompt: int
+) -> list[Workload]:
+    """Each workload's prompts tokenised (in the model's chat template when it has one), those of at
+    most ``max_prompt`` tokens: ``n`` timed, then ``n_warmup`` for warm-up."""
+    out = []
+    for name in names:
+        pool = load(name, available(name), seed)
+        encoded = []
+        for prompt in pool:
+            text = prompt.text  # a base model without a chat template takes the text as it is
+            if tokenizer.info.chat_template is not None:
+                text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}])
+            ids = tokenizer.encode(text)
+            if len(ids) <= max_prompt:  # room for the output within the context
+                encoded.append(ids)
+            if len(encoded) == n + n_warmup:
+                break
+        if len(encoded) < n + n_warmup:
+            raise SystemExit(f"workload {name}: only {len(encoded)} prompts fit in {max_prompt} tokens")
+        out.append(Workload(name, encoded[:n], encoded[n:]))
+    return out
