@@ -3,6 +3,11 @@ server with the model served as ``tensorrt_llm_bls``, as someone who runs the BL
 
 Then the same model not decoupled (``serving.decoupled: false``): unary HTTP ``/infer`` and gRPC
 ``ModelInfer`` answer, streaming is refused saying why.
+
+NVIDIA's client runs through ``tests/run_peer.py``, which closes the client the script leaves open
+(see there why: without it the script hung at exit about once in a hundred refusals). Every refusal
+path of the decoupled model is checked on a bare gRPC stream for its one response carrying the final
+flag, without which the stream never closes.
 """
 
 from __future__ import annotations
@@ -16,17 +21,20 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from served import Server, start_server, stop_server
 from trispec.config import DEFAULT_CONFIG_PATH
 from trispec_client import SpecDecClient
-from tritonclient.utils import InferenceServerException
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype, serialize_byte_tensor
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
 
 PEER = Path(__file__).parent / "peers" / "end_to_end_grpc_client.py"
+RUN_PEER = Path(__file__).parent / "run_peer.py"
 MODEL = "tensorrt_llm_bls"
 PROMPT = "The capital of France is"
 
@@ -38,10 +46,11 @@ def serve(tmp: Path, serving: str) -> Server:
     return start_server(tmp, "--config", str(config), "--open-admin-apis")
 
 
-def peer(srv: Server, *args: str) -> str:
-    """Run NVIDIA's client as its README shows; its stdout (it exits 0 even on a server error)."""
-    command = [sys.executable, str(PEER), "-u", srv.grpc, "--model-name", MODEL, *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=dict(os.environ))
+def peer(srv: Server, *args: str, timeout_s: float = 120) -> str:
+    """Run NVIDIA's client as its README shows (through run_peer.py, which closes the client it leaves
+    open); its stdout (it exits 0 even on a server error)."""
+    command = [sys.executable, str(RUN_PEER), str(PEER), "-u", srv.grpc, "--model-name", MODEL, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -69,6 +78,58 @@ def greedy(srv: Server, prompt: str = PROMPT, **kw: object) -> str:
 def check(*expected: str) -> list[str]:
     """The client's own --check-outputs: it asserts every text equals the expected one."""
     return ["--check-outputs", "--expected-outputs", json.dumps(list(expected))]
+
+
+def bare_stream(
+    srv: Server, inputs: dict[str, np.ndarray], parameters: dict[str, object] | None = None
+) -> list[service_pb2.ModelStreamInferResponse]:
+    """One request on a gRPC stream through tritonclient's generated stub, which shows each response as
+    Triton sent it (tritonclient's stream callback drops an error's parameters, the final flag among
+    them); the stream half-closes after the request, and every response until Triton ends the call
+    comes back. A request that never gets its final response keeps the call open: the deadline then
+    fails the test instead of hanging it."""
+    request = service_pb2.ModelInferRequest(model_name=MODEL, id="final-flag-check")
+    for name, array in inputs.items():
+        request.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype), shape=list(array.shape))
+        raw = serialize_byte_tensor(array).item() if array.dtype == object else array.tobytes()
+        request.raw_input_contents.append(raw)
+    # a flags-only final response (one sent apart from the error) would then arrive as a response too
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    for key, value in (parameters or {}).items():
+        if isinstance(value, float):
+            request.parameters[key].double_param = value
+        else:
+            request.parameters[key].string_param = str(value)
+    with grpc.insecure_channel(srv.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            return list(stub.ModelStreamInfer(iter([request]), timeout=60))
+        except grpc.RpcError as exc:
+            pytest.fail(f"the stream did not end in 60 s ({exc.code()}): a response without the final flag?")
+
+
+def is_final(response: service_pb2.ModelStreamInferResponse) -> bool:
+    parameters = response.infer_response.parameters
+    return "triton_final_response" in parameters and parameters["triton_final_response"].bool_param
+
+
+def bls_request(prompt: str, **values: object) -> dict[str, np.ndarray]:
+    tensors = {"text_input": np.array([[prompt.encode()]], dtype=object)}
+    for name, value in values.items():
+        dtype = np.float32 if isinstance(value, float) else bool if isinstance(value, bool) else np.int32
+        tensors[name] = np.array([[value]], dtype=dtype)
+    return tensors
+
+
+# every way the decoupled model refuses a request: in execute() (bad value, unknown parameter, a prompt
+# over serving.max_prompt_bytes) and on the loop thread once tokenised (longer than the context)
+REFUSALS = [
+    ("beam_width", bls_request("Hi", max_tokens=4, beam_width=2), None, "beam_width: only 1 is supported"),
+    ("top_p", bls_request("Hi", max_tokens=4, top_p=1.5), None, "top_p"),
+    ("unknown parameter", bls_request("Hi", max_tokens=4), {"temprature": 0.5}, "temprature"),
+    ("max_prompt_bytes", bls_request("word " * 60_000, max_tokens=4), None, "serving.max_prompt_bytes"),
+    ("context", bls_request("word " * 3000, max_tokens=4), None, "longer than the context"),
+]
 
 
 class TestServedAsTensorrtLlmBls:
@@ -142,6 +203,26 @@ class TestServedAsTensorrtLlmBls:
         assert "Received an error from server:\nreturn_generation_logits: not supported: logits" in out
         out = peer(bls, "-p", "Hi", "-o", "4", "--beam-width", "2")
         assert "beam_width: only 1 is supported" in out
+
+    def test_nvidia_client_exits_after_each_refusal(self, bls: Server) -> None:
+        """The refusal that hung the client at exit about once in a hundred runs, twenty times over."""
+        for _ in range(20):
+            out = peer(bls, "-p", "Hi", "-o", "4", "--beam-width", "2", timeout_s=30)
+            assert "beam_width: only 1 is supported" in out
+
+    @pytest.mark.parametrize(("case", "inputs", "parameters", "says"), REFUSALS, ids=[r[0] for r in REFUSALS])
+    def test_every_refusal_is_one_response_with_the_final_flag(
+        self, bls: Server, case: str, inputs: dict[str, np.ndarray], parameters: dict | None, says: str
+    ) -> None:
+        responses = bare_stream(bls, inputs, parameters)
+        assert len(responses) == 1, [r.error_message or "(empty final)" for r in responses]
+        assert says in responses[0].error_message, responses[0].error_message
+        assert is_final(responses[0]), f"{case}: the error went out without the final flag"
+
+    def test_a_served_request_ends_with_the_final_flag_too(self, bls: Server) -> None:
+        responses = bare_stream(bls, bls_request(PROMPT, max_tokens=6, stream=True))
+        assert responses and not any(r.error_message for r in responses)
+        assert [is_final(r) for r in responses] == [False] * (len(responses) - 1) + [True]
 
 
 class TestNotDecoupled:

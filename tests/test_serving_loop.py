@@ -165,6 +165,40 @@ def test_engine_failure_fails_that_request_only() -> None:
     assert not sinks[0].errors and not sinks[2].errors
 
 
+class FailingSink(RecordingSink):
+    """A response sender whose n-th send raises (a tensor Triton cannot take, a broken stub pipe)."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+        self.sends = 0
+
+    def send(self, tensors: dict[str, np.ndarray], final: bool) -> None:
+        self.sends += 1
+        if self.sends == self.fail_at:
+            raise RuntimeError("simulated send failure")
+        super().send(tensors, final)
+
+
+@pytest.mark.parametrize("fail_at", [1, 3])
+def test_a_failed_send_still_ends_the_request_with_one_final_error(served, fail_at: int) -> None:
+    """Without its final response a Triton request never completes: the gRPC stream it came on never
+    closes and its client waits forever. So a send that fails is followed by an error response (which
+    carries the final flag), and nothing after it."""
+    loop = served[0]
+    broken, other = FailingSink(fail_at), RecordingSink()
+    submit(loop, PROMPTS[0], broken, max_tokens=24, num_draft_tokens=2)
+    submit(loop, PROMPTS[1], other, max_tokens=24, num_draft_tokens=2)
+    wait(broken, other)
+    assert broken.errors == ["internal error: sending a response failed: simulated send failure"]
+    assert not any(final for _, final in broken.responses) and len(broken.responses) == fail_at - 1
+    assert other.text == offline_texts([PROMPTS[1]], max_tokens=24)[0]
+    deadline = time.monotonic() + 10
+    while loop.num_live() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loop.num_live() == 0 and broken.sends == fail_at  # dropped: nothing more was sent
+
+
 def test_stop_ends_live_requests_with_an_error() -> None:
     loop = ServingLoop(spec_engine(tiny_engine(0), model_drafter(1)))
     loop.start()
@@ -331,3 +365,22 @@ def test_log_probs_counts_and_perf_metrics_come_with_the_responses(served) -> No
         assert final["kv_cache_alloc_total_blocks"][0, 0] == -(-15 // loop._block_size)
         assert all("arrival_time_ns" in t and "total_draft_tokens" in t for t, _ in sink.responses)
     assert len(whole.responses) == 1
+
+
+def test_reports_carry_each_sequences_first_token_and_inter_token_latency(served) -> None:
+    loop, _, _, metrics = served
+    sinks = [RecordingSink() for _ in range(3)]
+    started = time.monotonic()
+    for prompt, sink in zip(PROMPTS, sinks):
+        submit(loop, prompt, sink, max_tokens=12, num_draft_tokens=2)
+    one = RecordingSink()
+    submit(loop, PROMPTS[3], one, max_tokens=1)
+    wait(*sinks, one)
+    elapsed = time.monotonic() - started
+    deadline = time.monotonic() + 10
+    while sum(len(r.finished) for r in metrics.reports) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ttft = [s for r in metrics.reports for s in r.ttft_s]
+    inter_token = [s for r in metrics.reports for s in r.inter_token_s]
+    assert len(ttft) == 4 and all(0 < s <= elapsed for s in ttft)
+    assert len(inter_token) == 3 and all(0 <= s <= elapsed / 11 for s in inter_token)  # not the 1-token one

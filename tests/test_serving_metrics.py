@@ -86,3 +86,25 @@ def test_counters_follow_the_totals_and_gauges_the_state() -> None:
     assert value("specdec_running_sequences") == 2 and value("specdec_waiting_sequences") == 1
     (batch,) = _Family.made["specdec_verify_batch_size"]
     assert batch.observed == [1.0, 2.0]
+
+
+def test_latencies_draft_positions_and_planned_k() -> None:
+    """TTFT and inter-token latency are observed as the loop reports them; drafted-per-position and the
+    planned draft tokens (k chosen, summed) follow the totals, so acceptance per position and mean k
+    are ratios of counters on the dashboard."""
+    _Family.made = {}
+    metrics = TritonMetrics(types.SimpleNamespace(MetricFamily=_Family), "specdec")  # type: ignore[arg-type]
+    engine = EngineStats()
+    engine.record_round(4, 3)
+    engine.record_round(2, 0, 4)  # planned 4, the drafter proposed 2
+    kv = {"target": KVUsage(100, 1, 16)}
+    metrics.record(RoundReport(0.05, 1, 0, kv, engine, [], ttft_s=[0.2, 0.3], inter_token_s=[]))
+    engine.record_round(0, 0, 0)
+    metrics.record(RoundReport(0.05, 1, 0, kv, engine, ["length"], ttft_s=[], inter_token_s=[0.02]))
+
+    (ttft,) = _Family.made["specdec_time_to_first_token_seconds"]
+    (inter_token,) = _Family.made["specdec_inter_token_latency_seconds"]
+    assert ttft.observed == [0.2, 0.3] and inter_token.observed == [0.02]
+    drafted = [value("specdec_drafted_per_position_total", position=str(i)) for i in range(4)]
+    assert drafted == [2, 2, 1, 1]
+    assert value("specdec_planned_draft_tokens_total") == 8  # 4 + 4 + 0: mean k over 3 rounds 8/3

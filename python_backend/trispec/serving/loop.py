@@ -74,6 +74,10 @@ class RoundReport:
     engine: EngineStats
     # finish reasons of the requests that ended this round
     finished: list[str] = field(default_factory=list)
+    # sequences whose first token came this round: seconds from the request's arrival
+    ttft_s: list[float] = field(default_factory=list)
+    # sequences of 2+ tokens that ended this round: (last token - first token) / (tokens - 1), seconds
+    inter_token_s: list[float] = field(default_factory=list)
 
 
 class LoopMetrics(Protocol):
@@ -164,6 +168,9 @@ class ServingLoop:
             # streamed as long (scheduler: ``_admit_urgent``)
             engine.admit_urgently_after(limits.max_queue_delay_s / 2)
         self._live: dict[int, _Live] = {}
+        # latencies seen while dispatching this round's outputs, for its report (loop thread only)
+        self._ttft_s: list[float] = []
+        self._inter_token_s: list[float] = []
         # perf metrics count the target KV blocks a sequence's tokens take
         target = engine.kv_usage().get("target")
         self._block_size = target.block_size if target is not None else 0
@@ -192,6 +199,9 @@ class ServingLoop:
             for batch_index, row in enumerate(rows)
             for sequence_index, generation in enumerate(row.sequences())
         ]
+        # the words of the retryable refusals ("... retry later", "the model is shutting down") are
+        # how clients recognise them: Triton's HTTP generate answers every model error with 400 and a
+        # gRPC stream error has no status (trispec_client.errors, docs/serving-errors.md)
         if self._stopping.is_set():
             raise Overloaded("shutting_down", "the model is shutting down")
         queued, limit = len(self.engine.queued_request_ids()), self.limits.max_waiting
@@ -335,9 +345,13 @@ class ServingLoop:
                     continue
                 try:
                     self._respond(state, out)
-                except Exception:
+                except Exception as exc:
                     logger.exception("sending a response for request %d failed", out.request_id)
                     self._drop(group)
+                    # the request still needs its one final response, or its client (a gRPC stream
+                    # waiting to close, an HTTP reply) waits forever; if the sender is the broken
+                    # part this fails too, and _send_error logs it
+                    self._send_error(group, f"internal error: sending a response failed: {exc}")
         return finished
 
     def _drop(self, group: _Group) -> None:
@@ -352,9 +366,15 @@ class ServingLoop:
         request = state.request
         now = time.time_ns()
         if out.new_token_ids:
+            if not state.first_token_ns and self.metrics is not None:
+                self._ttft_s.append((now - state.arrival_ns) / 1e9)
             state.first_token_ns = state.first_token_ns or now
             state.last_token_ns = now
         state.token_count += len(out.new_token_ids)
+        if out.finished and state.token_count > 1 and self.metrics is not None:
+            self._inter_token_s.append(
+                (state.last_token_ns - state.first_token_ns) / 1e9 / (state.token_count - 1)
+            )
         state.pending_tokens += len(out.new_token_ids)
         if out.new_log_probs is not None:
             state.pending_log_probs.extend(out.new_log_probs)
@@ -421,7 +441,10 @@ class ServingLoop:
             kv=engine.kv_usage(),
             engine=engine.stats,
             finished=finished,
+            ttft_s=self._ttft_s,
+            inter_token_s=self._inter_token_s,
         )
+        self._ttft_s, self._inter_token_s = [], []
         try:
             self.metrics.record(report)  # type: ignore[union-attr]
         except Exception:

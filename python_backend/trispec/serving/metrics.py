@@ -1,7 +1,10 @@
 """Prometheus metrics on Triton's own metrics port, through the Python backend's ``MetricFamily``.
 
 The loop reports cumulative engine totals after every round; counters are advanced by the change
-since the previous report, gauges are set, and the round latency is observed in a histogram.
+since the previous report, gauges are set, and the round latency, each request's time to first token
+and each finished request's mean inter-token latency are observed in histograms.
+deploy/grafana/specdec.json charts them (tests/test_deploy.py checks its queries against
+``exported_metric_names()``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from trispec.step import KVUsage
 
 ROUND_LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 VERIFY_BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
+TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+INTER_TOKEN_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28]
 
 
 class TritonMetrics:
@@ -55,6 +60,21 @@ class TritonMetrics:
         self.verify_batch = histogram(
             "specdec_verify_batch_size", "Sequences per batched verify pass", VERIFY_BATCH_BUCKETS
         )
+        self.ttft = histogram(
+            "specdec_time_to_first_token_seconds",
+            "Per sequence: request arrival to its first verified token",
+            TTFT_BUCKETS,
+        )
+        self.inter_token = histogram(
+            "specdec_inter_token_latency_seconds",
+            "Per finished sequence of 2+ tokens: (last token - first token) / (tokens - 1)",
+            INTER_TOKEN_BUCKETS,
+        )
+        self.planned_draft_tokens = metric(
+            "specdec_planned_draft_tokens_total",
+            counter,
+            "Draft tokens planned per verify round (the k chosen), summed; / verify rounds = mean k",
+        )
         self._kv = {
             (pool, state): metric(f"specdec_kv_blocks_{state}", gauge, f"KV-cache blocks {state}", pool=pool)
             for pool in ("target", "drafter")
@@ -70,6 +90,7 @@ class TritonMetrics:
             "Sequences whose KV was freed to make room (they resume later, recomputing their tokens)",
         )
         self._accepted_at: list[Any] = []
+        self._drafted_at: list[Any] = []
         self._planned: list[Any] = []
         self._last = EngineStats()  # the totals at the previous report
 
@@ -95,6 +116,18 @@ class TritonMetrics:
                 )
             )
         return self._accepted_at[position]
+
+    def _drafted_position(self, position: int) -> Any:
+        while len(self._drafted_at) <= position:
+            self._drafted_at.append(
+                self._metric(
+                    "specdec_drafted_per_position_total",
+                    self._family.COUNTER,
+                    "Rounds that proposed a draft token at position i (0-based)",
+                    position=str(len(self._drafted_at)),
+                )
+            )
+        return self._drafted_at[position]
 
     def _planned_rounds(self, k: int) -> Any:
         while len(self._planned) <= k:
@@ -134,10 +167,18 @@ class TritonMetrics:
             before = last.accepted_per_position[position] if position < len(last.accepted_per_position) else 0
             if count > before:
                 self._accepted_position(position).increment(count - before)
+        for position, count in enumerate(totals.drafted_per_position):
+            before = last.drafted_per_position[position] if position < len(last.drafted_per_position) else 0
+            if count > before:
+                self._drafted_position(position).increment(count - before)
+        planned = 0
         for k, count in enumerate(totals.rounds_by_num_draft_tokens):
             before = last.rounds_by_num_draft_tokens[k] if k < len(last.rounds_by_num_draft_tokens) else 0
             if count > before:
                 self._planned_rounds(k).increment(count - before)
+                planned += k * (count - before)
+        if planned:
+            self.planned_draft_tokens.increment(planned)
         for reason in report.finished:
             counter = self._counter("specdec_requests_total", "Finished requests", "finish_reason", reason)
             counter.increment(1)
@@ -146,9 +187,48 @@ class TritonMetrics:
         self.max_verify_batch.set(report.engine.max_verify_batch)
         if report.latency_s is not None:
             self.round_latency.observe(report.latency_s)
+        for seconds in report.ttft_s:
+            self.ttft.observe(seconds)
+        for seconds in report.inter_token_s:
+            self.inter_token.observe(seconds)
         for pool, usage in report.kv.items():
             self._set_kv(pool, usage)
 
     def _set_kv(self, pool: str, usage: KVUsage) -> None:
         self._kv[(pool, "used")].set(usage.used_blocks)
         self._kv[(pool, "free")].set(usage.free_blocks)
+
+
+def exported_metric_names() -> dict[str, str]:
+    """Every family ``TritonMetrics`` exports, name → kind (``counter``, ``gauge``, ``histogram``), read
+    from the class itself: it is driven through one report of each kind with a stand-in
+    ``MetricFamily`` that keeps what is made, so families made on first use (refusal reasons, draft
+    positions, k values, finish reasons) are there too."""
+    made: dict[str, str] = {}
+
+    class _Metric:
+        def increment(self, delta: float) -> None: ...
+
+        def set(self, value: float) -> None: ...
+
+        def observe(self, value: float) -> None: ...
+
+    class _Family:
+        COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+        def __init__(self, name: str, description: str, kind: str) -> None:
+            made[name] = kind
+
+        def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> _Metric:
+            return _Metric()
+
+    pb = ModuleType("pb_utils_names")
+    pb.MetricFamily = _Family  # type: ignore[attr-defined]
+    metrics = TritonMetrics(pb, "specdec")
+    totals = EngineStats()
+    totals.record_round(2, 1, 2)
+    totals.draft_failures = totals.preemptions = 1
+    kv = {"target": KVUsage(10, 1, 16), "drafter": KVUsage(10, 1, 16)}
+    metrics.record(RoundReport(0.01, 1, 0, kv, totals, ["length"], ttft_s=[0.1], inter_token_s=[0.01]))
+    metrics.record_rejection("queue_full")
+    return made

@@ -72,7 +72,21 @@ class TritonResponseSink:
             "unavailable": pb.TritonError.UNAVAILABLE,
         }[kind]
         response = pb.InferenceResponse(error=pb.TritonError(message, code))
+        # the error and the final flag in one response: it completes the request (a gRPC stream closes
+        # only when every request on it has had its final one) and reaches gRPC clients marked
+        # triton_final_response (triton-inference-server/server v2.51.0,
+        # src/grpc/stream_infer_handler.cc: params["triton_final_response"].set_bool_param(is_complete));
+        # tests/test_bls_peer.py checks every refusal path for it
         self._sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def _refuse(sink: TritonResponseSink, message: str, kind: ErrorKind) -> None:
+    """A refused request's one response: the error, with the final flag. If even that cannot be sent,
+    say so and go on: raising out of ``execute()`` would leave the rest of the batch unhandled."""
+    try:
+        sink.send_error(message, kind)
+    except Exception:
+        logger.exception("could not send a refusal (%s)", message)
 
 
 class TritonPythonModel:
@@ -124,15 +138,15 @@ class TritonPythonModel:
             except InvalidInputError as exc:
                 error = as_tensor_error(exc)
                 self.loop.reject(exc.reason, request.request_id(), str(error))
-                sink.send_error(str(error), "invalid")
+                _refuse(sink, str(error), "invalid")
             except Overloaded as exc:
                 self.loop.reject(exc.reason, request.request_id(), str(exc))
-                sink.send_error(str(exc), "unavailable")
+                _refuse(sink, str(exc), "unavailable")
             except Exception as exc:
                 logger.exception("could not queue a request")
-                sink.send_error(f"{type(exc).__name__}: {exc}")
-        # every response is sent by the loop thread (not decoupled too: the response sender then takes
-        # exactly one response per request, with the final flag)
+                _refuse(sink, f"{type(exc).__name__}: {exc}", "internal")
+        # every other response is sent by the loop thread (not decoupled too: the response sender then
+        # takes exactly one response per request, with the final flag)
         return None
 
     def finalize(self) -> None:
