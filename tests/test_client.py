@@ -27,13 +27,15 @@ from trispec_client import (
     SpecDecClient,
     SpecDecConnectionError,
     SpecDecError,
+    SpecDecOverloadedError,
     SpecDecTimeoutError,
     SpeculationStats,
     StreamChunk,
     cli,
     grpc_transport,
 )
-from trispec_client.errors import status_from_message
+from trispec_client.client import _with_retries
+from trispec_client.errors import make_error, status_from_message
 from trispec_client.http_transport import error_from_response, event_to_chunk
 from trispec_client.results import chunk_from_outputs, collect
 from trispec_client.sse import SSEParser
@@ -290,6 +292,20 @@ def test_status_from_message_only_trusts_a_leading_field_name() -> None:
     assert status_from_message("top_pp: x") == "UNKNOWN"
 
 
+# the model's retryable refusals, as python_backend/trispec/serving/loop.py words them
+QUEUE_FULL = "1 requests are waiting for a slot (scheduler.max_waiting 1) and this one brings 1; retry later"
+QUEUE_TIMEOUT = "no slot within scheduler.max_queue_delay_s (5 s); 3 requests were waiting; retry later"
+
+
+@pytest.mark.parametrize("message", [QUEUE_FULL, QUEUE_TIMEOUT, "the model is shutting down"])
+def test_the_models_refusals_for_now_are_unavailable_and_retryable(message: str) -> None:
+    assert status_from_message(message) == "UNAVAILABLE"
+    error = make_error(message, status_from_message(message))
+    assert isinstance(error, SpecDecOverloadedError) and error.retryable
+    assert status_from_message("retry later: not at the end") == "UNKNOWN"
+    assert not make_error("engine exploded", "UNKNOWN").retryable
+
+
 @pytest.mark.parametrize(
     ("status", "content_type", "body", "kind", "expected_status"),
     [
@@ -306,6 +322,21 @@ def test_status_from_message_only_trusts_a_leading_field_name() -> None:
         (404, "application/json", b'{"error":"Request for unknown model"}', SpecDecError, "NOT_FOUND"),
         (500, "application/json", b'{"error":"boom"}', SpecDecError, "INTERNAL"),
         (503, "text/plain", b"down", SpecDecConnectionError, "UNAVAILABLE"),
+        # a full queue: sent as UNAVAILABLE, answered 400 by Triton 2.51's generate(_stream)
+        (
+            400,
+            "text/event-stream",
+            f'data: {{"error": "{QUEUE_FULL}"}}\n\n'.encode(),
+            SpecDecOverloadedError,
+            "UNAVAILABLE",
+        ),
+        (
+            400,
+            "application/json",
+            json.dumps({"error": QUEUE_FULL}).encode(),
+            SpecDecOverloadedError,
+            "UNAVAILABLE",
+        ),
         (502, "text/html", b"", SpecDecError, "HTTP_502"),
     ],
 )
@@ -701,6 +732,7 @@ def test_cli_defaults_and_flags() -> None:
         ["generate", "x", "--timeout", "0"],
         ["generate", "x", "--timeout", "inf"],
         ["generate", "x", "--max-tokens", "many"],
+        ["generate", "x", "--retries", "-1"],
     ],
 )
 def test_cli_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -719,8 +751,14 @@ class FakeClient:
     outcome: ClassVar[list[StreamChunk] | SpecDecError] = []
     made: ClassVar[list[FakeClient]] = []
 
-    def __init__(self, url: str | None, protocol: str, model: str, timeout_s: float) -> None:
-        self.init = {"url": url, "protocol": protocol, "model": model, "timeout_s": timeout_s}
+    def __init__(self, url: str | None, protocol: str, model: str, timeout_s: float, retries: int) -> None:
+        self.init = {
+            "url": url,
+            "protocol": protocol,
+            "model": model,
+            "timeout_s": timeout_s,
+            "retries": retries,
+        }
         self.calls: list[tuple[str, str, dict[str, Any]]] = []
         self.closed_early = False
         FakeClient.made.append(self)
@@ -778,7 +816,13 @@ def test_cli_streams_text_then_summary_on_stderr(fake_client: type[FakeClient]) 
     assert out == "Paris is\n"
     assert err == "[2 tokens, length; drafted 12, accepted 9 (75%), mean accepted length 3.25]\n"
     client = fake_client.made[0]
-    assert client.init == {"url": None, "protocol": "grpc", "model": "specdec", "timeout_s": 9.0}
+    assert client.init == {
+        "url": None,
+        "protocol": "grpc",
+        "model": "specdec",
+        "timeout_s": 9.0,
+        "retries": 3,
+    }
     name, prompt, kwargs = client.calls[0]
     assert (name, prompt) == ("stream", "Capital?")
     assert kwargs["max_tokens"] == 2 and kwargs["seed"] == 3 and kwargs["stop_words"] == ["."]
@@ -791,6 +835,8 @@ def test_cli_no_stream_asks_for_text_without_the_prompt(fake_client: type[FakeCl
     name, _, kwargs = fake_client.made[0].calls[0]
     assert name == "generate" and kwargs["exclude_input_in_output"] is True
     assert fake_client.made[0].init["protocol"] == "http"
+    _run_cli(["generate", "Capital?", "--retries", "0"])
+    assert fake_client.made[1].init["retries"] == 0
 
 
 def test_cli_json_prints_one_object(fake_client: type[FakeClient]) -> None:
@@ -854,3 +900,61 @@ def test_cli_over_http_end_to_end(sse_server: tuple[str, Script]) -> None:
     assert (code, out) == (0, "Bonjour\n")
     assert "3 tokens, length" in err
     assert script.requests[0][1] == {"text_input": "Hello", "top_k": 5, "stream": True}
+
+
+# ---------------------------------------------------------------- retries (the transports stood in for)
+
+
+class Attempts:
+    """Each call is one attempt: the next outcome, an error raised before any chunk or chunks."""
+
+    def __init__(self, *outcomes: SpecDecError | list[StreamChunk]) -> None:
+        self.outcomes = list(outcomes)
+        self.given: list[float] = []
+        self.closed = 0
+
+    def __call__(self, timeout_s: float) -> Iterator[StreamChunk]:
+        self.given.append(timeout_s)
+        return self._run(self.outcomes.pop(0))
+
+    def _run(self, outcome: SpecDecError | list[StreamChunk]) -> Iterator[StreamChunk]:
+        try:
+            if isinstance(outcome, SpecDecError):
+                raise outcome
+            yield from outcome
+        finally:
+            self.closed += 1
+
+
+CHUNKS = [StreamChunk("a", 1), StreamChunk("", 1, final=True)]
+
+
+def test_refusals_for_now_are_retried_within_the_deadline() -> None:
+    attempts = Attempts(make_error(QUEUE_FULL, "UNAVAILABLE"), make_error(QUEUE_FULL, "UNAVAILABLE"), CHUNKS)
+    assert list(_with_retries(attempts, 30.0, retries=3)) == CHUNKS
+    assert len(attempts.given) == 3 and attempts.given[0] == 30.0 and attempts.given[2] < 30.0
+
+
+def test_retries_run_out_and_the_last_refusal_is_raised() -> None:
+    attempts = Attempts(*[make_error(QUEUE_FULL, "UNAVAILABLE") for _ in range(3)])
+    with pytest.raises(SpecDecOverloadedError):
+        list(_with_retries(attempts, 30.0, retries=2))
+    assert len(attempts.given) == 3
+    attempts = Attempts(make_error(QUEUE_FULL, "UNAVAILABLE"), CHUNKS)
+    with pytest.raises(SpecDecOverloadedError):
+        list(_with_retries(attempts, 30.0, retries=0))
+
+
+def test_no_retry_past_the_deadline_for_bad_input_or_once_text_arrived() -> None:
+    attempts = Attempts(make_error(QUEUE_FULL, "UNAVAILABLE"), CHUNKS)
+    with pytest.raises(SpecDecOverloadedError):
+        list(_with_retries(attempts, 0.05, retries=3))  # the first pause would pass the deadline
+    attempts = Attempts(make_error("top_p: must be in (0, 1]", "INVALID_ARGUMENT"), CHUNKS)
+    with pytest.raises(InvalidRequestError):
+        list(_with_retries(attempts, 30.0, retries=3))
+    received = []
+    attempts = Attempts([StreamChunk("a", 1)], CHUNKS)
+    stream = _with_retries(attempts, 30.0, retries=3)
+    received.append(next(stream))
+    stream.close()  # leaving early closes the attempt (cancels the request), and sends nothing again
+    assert received == [StreamChunk("a", 1)] and attempts.closed == 1 and len(attempts.given) == 1

@@ -14,7 +14,14 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-from trispec_client.client import DEFAULT_MODEL, DEFAULT_TIMEOUT_S, DEFAULT_URLS, PROTOCOLS, SpecDecClient
+from trispec_client.client import (
+    DEFAULT_MODEL,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_URLS,
+    PROTOCOLS,
+    SpecDecClient,
+)
 from trispec_client.errors import InvalidRequestError, SpecDecError, SpecDecTimeoutError
 from trispec_client.results import Completion, StreamChunk, collect
 
@@ -67,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"whole-request deadline (default: {DEFAULT_TIMEOUT_S:g})",
     )
+    gen.add_argument(
+        "--retries",
+        type=int,
+        default=DEFAULT_RETRIES,
+        metavar="N",
+        help="send a request the server refused for now (full queue) or could not take again, up to N "
+        f"times within the deadline (default: {DEFAULT_RETRIES})",
+    )
     gen.add_argument("--json", action="store_true", help="print one JSON object at the end instead of text")
     return parser
 
@@ -97,7 +112,10 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         "seed": args.seed,
         "stop_words": args.stop,
     }
-    with SpecDecClient(args.url, protocol=args.protocol, model=args.model, timeout_s=args.timeout) as client:
+    client = SpecDecClient(
+        args.url, protocol=args.protocol, model=args.model, timeout_s=args.timeout, retries=args.retries
+    )
+    with client:
         if args.stream:
             # closing(): an interrupt or error leaves the loop early and must cancel the request on the server
             with contextlib.closing(client.stream(args.text, **params)) as chunks:

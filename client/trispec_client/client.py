@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterable
+import random
+import time
+from collections.abc import Callable, Generator, Iterable
 from types import TracebackType
 from typing import Literal
 
+from trispec_client.errors import SpecDecError
 from trispec_client.request import GenerationRequest
 from trispec_client.results import Completion, StreamChunk, collect
 
@@ -15,6 +18,16 @@ PROTOCOLS: tuple[Protocol, ...] = ("grpc", "http")
 DEFAULT_URLS: dict[str, str] = {"grpc": "localhost:8001", "http": "localhost:8000"}
 DEFAULT_MODEL = "specdec"
 DEFAULT_TIMEOUT_S = 60.0
+# a request refused for now (full queue, shutting down) or that found no server is sent again this
+# many times, after 0.25 s, 0.5 s, 1 s ... (each between half and all of that), within its deadline
+DEFAULT_RETRIES = 3
+RETRY_DELAY_S = 0.25
+
+
+def check_retries(retries: int) -> int:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries: must be an integer >= 0, got {retries!r}")
+    return retries
 
 
 def check_timeout(timeout_s: float) -> float:
@@ -29,8 +42,12 @@ def check_timeout(timeout_s: float) -> float:
 class SpecDecClient:
     """Client for the decoupled ``specdec`` model.
 
-    ``timeout_s`` bounds each whole request (first byte to final response); a request that overruns
-    raises :class:`~trispec_client.errors.SpecDecTimeoutError` and is cancelled on the server.
+    ``timeout_s`` bounds each whole request (first byte to final response, retries included); a
+    request that overruns raises :class:`~trispec_client.errors.SpecDecTimeoutError` and is cancelled
+    on the server. A request that fails retryably before its first chunk (``error.retryable``: the
+    server refused it for now, :class:`~trispec_client.errors.SpecDecOverloadedError`, or could not be
+    reached) is sent again up to ``retries`` times, with growing pauses, while the deadline allows;
+    the last error is raised. Nothing is retried once text has arrived.
     Inputs left at ``None`` (or empty) are not sent, so the server's defaults apply.
     Thread-safe: every request opens its own gRPC stream / HTTP connection.
     """
@@ -41,12 +58,14 @@ class SpecDecClient:
         protocol: Protocol = "grpc",
         model: str = DEFAULT_MODEL,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         self.protocol: Protocol = protocol
         self.model = model
         self.timeout_s = check_timeout(timeout_s)
+        self.retries = check_retries(retries)
         self.url = url or DEFAULT_URLS[protocol]
         if protocol == "http":
             from trispec_client.http_transport import make_pool
@@ -142,6 +161,9 @@ class SpecDecClient:
         return self.timeout_s if timeout_s is None else check_timeout(timeout_s)
 
     def _send(self, request: GenerationRequest, timeout_s: float) -> Generator[StreamChunk, None, None]:
+        return _with_retries(lambda left_s: self._attempt(request, left_s), timeout_s, self.retries)
+
+    def _attempt(self, request: GenerationRequest, timeout_s: float) -> Generator[StreamChunk, None, None]:
         if self.protocol == "http":
             from trispec_client.http_transport import stream_http
 
@@ -150,3 +172,31 @@ class SpecDecClient:
         from trispec_client.grpc_transport import stream_grpc
 
         return stream_grpc(self.url, self.model, request, timeout_s)
+
+
+def _with_retries(
+    attempt: Callable[[float], Generator[StreamChunk, None, None]], timeout_s: float, retries: int
+) -> Generator[StreamChunk, None, None]:
+    """The chunks of the first attempt that gets as far as a chunk; an attempt that fails retryably
+    before that is made again (``attempt(seconds left)``) up to ``retries`` times within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    tries = 0
+    while True:
+        chunks = attempt(timeout_s if tries == 0 else max(deadline - time.monotonic(), 1e-3))
+        try:
+            first = next(chunks)
+        except StopIteration:
+            return
+        except SpecDecError as exc:
+            pause = RETRY_DELAY_S * 2**tries * random.uniform(0.5, 1.0)
+            if not exc.retryable or tries >= retries or time.monotonic() + pause >= deadline:
+                raise
+            tries += 1
+            time.sleep(pause)
+            continue
+        try:
+            yield first
+            yield from chunks
+        finally:
+            chunks.close()  # leaving early cancels the request on the server
+        return

@@ -42,6 +42,14 @@ INPUT_NAMES = (
 )
 _FIELD_PREFIX = re.compile(rf"^\s*({'|'.join(INPUT_NAMES)}):")
 
+# The specdec model's refusals worth retrying: a full queue (scheduler.max_waiting) or a request that
+# waited too long for a slot (scheduler.max_queue_delay_s) end with "retry later"; a model on its way
+# down says "the model is shutting down" (python_backend/trispec/serving/loop.py). The model sends them
+# as UNAVAILABLE, but neither carrier keeps that status: a gRPC stream error has a message only, and
+# Triton 2.51's HTTP generate(_stream) answers 400 for every error a model sends
+# (docs/serving-errors.md, "Retryable refusals over HTTP"), so they are recognised by these words.
+_RETRY_LATER = re.compile(r"retry later\s*$|^\s*the model is shutting down\s*$")
+
 
 class SpecDecError(Exception):
     """A request failed. ``status`` is a gRPC-style code name (``INVALID_ARGUMENT``, ``INTERNAL``, ...)
@@ -55,6 +63,11 @@ class SpecDecError(Exception):
 
     def __str__(self) -> str:
         return f"[{self.status}] {self.message}" if self.status else self.message
+
+    @property
+    def retryable(self) -> bool:
+        """Worth sending again, after a pause: the server was unreachable or refused it for now."""
+        return self.status == UNAVAILABLE
 
 
 class InvalidRequestError(SpecDecError, ValueError):
@@ -78,13 +91,26 @@ class SpecDecConnectionError(SpecDecError, ConnectionError):
         super().__init__(message, UNAVAILABLE, http_status)
 
 
+class SpecDecOverloadedError(SpecDecConnectionError):
+    """The server refused the request for now (its queue is full, the request waited too long for a
+    slot, or the model is shutting down): retry later, here or on another replica."""
+
+
 def status_from_http(code: int) -> str:
     return _HTTP_TO_STATUS.get(code, f"HTTP_{code}")
 
 
+def is_retryable_refusal(message: str) -> bool:
+    """Whether a model error's message is one of the specdec model's retry-later refusals."""
+    return bool(_RETRY_LATER.search(message))
+
+
 def status_from_message(message: str) -> str:
-    """Status for an error that arrived without a code: bad input if it names an input field."""
-    return INVALID_ARGUMENT if _FIELD_PREFIX.match(message) else UNKNOWN
+    """Status for an error that arrived without a code: bad input if it names an input field,
+    UNAVAILABLE for the model's retry-later refusals."""
+    if _FIELD_PREFIX.match(message):
+        return INVALID_ARGUMENT
+    return UNAVAILABLE if is_retryable_refusal(message) else UNKNOWN
 
 
 def make_error(message: str, status: str | None, http_status: int | None = None) -> SpecDecError:
@@ -94,5 +120,7 @@ def make_error(message: str, status: str | None, http_status: int | None = None)
     if status == DEADLINE_EXCEEDED:
         return SpecDecTimeoutError(message, http_status)
     if status == UNAVAILABLE:
+        if is_retryable_refusal(message):
+            return SpecDecOverloadedError(message, http_status)
         return SpecDecConnectionError(message, http_status)
     return SpecDecError(message, status, http_status)

@@ -3,8 +3,10 @@
 A model error arrives as a bare message with no status code: the ``triton_grpc_error`` header would
 carry the code, but tritonserver 2.51 segfaulted on that path under load ("HandleCancellation called even
 when the context was not cancelled", then signal 11), so it is not used; bad input is recognised by the
-model's ``field: ...`` message convention instead. An error never carries the final flag, so any error
-ends the request.
+model's ``field: ...`` message convention instead, and a refusal for now by its "retry later" (then
+retryable, ``SpecDecOverloadedError``). Triton marks an error response final on the wire
+(``triton_final_response``), but tritonclient's stream callback hands over only its message, so any
+error ends the request.
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 What Triton 2.51 does, and this module relies on:
 - the reply starts with the first model response; an error *as* the first response comes back as
-  HTTP 400 with one SSE event ``{"error": ...}``, whatever its real kind (so such a 400 is classified by
-  its message: bad input names its field); errors before the model (unknown model, bad JSON) are plain
-  JSON bodies with their own status;
+  HTTP 400 with one SSE event ``{"error": ...}``, whatever its real kind: the status is read from the
+  model's error after it was freed (docs/serving-errors.md, "Retryable refusals over HTTP"), so such a
+  400 is classified by its message (bad input names its field; a full queue says "retry later", which
+  makes it retryable like the gRPC UNAVAILABLE it was sent as); errors before the model (unknown
+  model, bad JSON) are plain JSON bodies with their own status;
 - an error after the first event arrives inside the 200 stream as ``{"error": ...}``;
 - the stream ends after the final response; a flags-only final response sends no event;
 - closing the connection cancels the request on the server.
@@ -23,6 +25,7 @@ from trispec_client.errors import (
     SpecDecConnectionError,
     SpecDecError,
     SpecDecTimeoutError,
+    is_retryable_refusal,
     make_error,
     status_from_http,
     status_from_message,
@@ -65,7 +68,7 @@ def error_from_response(http_status: int, content_type: str, body: bytes) -> Spe
     if message is None:
         message = text.strip() or f"HTTP {http_status}"
     status = status_from_http(http_status)
-    if is_sse and http_status == 400:
+    if http_status == 400 and (is_sse or is_retryable_refusal(message)):
         # the model's first response was an error: Triton says 400 whatever the error was
         status = status_from_message(message)
     return make_error(message, status, http_status)

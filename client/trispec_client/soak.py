@@ -332,15 +332,16 @@ class Soak:
         self.log = log
         self.rng = random.Random(settings.seed)
         self.server = Server(settings.http_url, settings.metrics_url)
+        # retries=0: a refusal is an outcome the soak counts (is_refusal), not something to hide
         self.client = SpecDecClient(
-            settings.url, protocol=settings.protocol, timeout_s=settings.request_timeout_s
+            settings.url, protocol=settings.protocol, timeout_s=settings.request_timeout_s, retries=0
         )
         self.idle_free = self.server.kv_state()[1]
 
     def _client(self) -> SpecDecClient:
         # HTTP: a pool per worker keeps connections apart; gRPC opens a stream per request anyway
         if self.s.protocol == "http":
-            return SpecDecClient(self.s.url, protocol="http", timeout_s=self.s.request_timeout_s)
+            return SpecDecClient(self.s.url, protocol="http", timeout_s=self.s.request_timeout_s, retries=0)
         return self.client
 
     def _idle_checks(self, phase: str) -> None:
