@@ -1,6 +1,16 @@
 """Only the C extensions live here; everything else is in pyproject.toml."""
 
+import warnings
+
 from setuptools import Extension, setup
+from setuptools.warnings import InformationOnly
+
+# `pip install -e .`: the packages live in four folders (pyproject.toml, package-dir), so setuptools
+# installs them through a meta path finder and says so with an "Editable installation." warning of
+# ~10 lines at every install, which pip prints (setuptools, command/editable_wheel.py, _TopLevelFinder:
+# InformationOnly.emit("Editable installation.", msg)). It is information only, with nothing to change;
+# pip runs this file in the process that emits it.
+warnings.filterwarnings("ignore", message="Editable installation", category=InformationOnly)
 
 
 def kernel(name: str) -> Extension:
