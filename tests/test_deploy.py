@@ -780,7 +780,7 @@ def test_dockerfile_fetches_the_examples_from_the_tag_or_the_release_branch(
     assert f"fetched TensorRT-LLM {fetched} examples" in run.stdout
     assert (examples / "models/core/qwen/convert_checkpoint.py").is_file()
     # and when neither ref exists, the build stops saying which refs it tried
-    fake_git.write_text("#!/usr/bin/env bash\n[ \"$1\" = clone ] && exit 128\nexit 0\n")
+    fake_git.write_text('#!/usr/bin/env bash\n[ "$1" = clone ] && exit 128\nexit 0\n')
     env["TRTLLM_EXAMPLES_DIR"] = str(tmp_path / "other")
     failed = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert failed.returncode != 0 and "v1.2.1 release/1.2.1" in failed.stderr
