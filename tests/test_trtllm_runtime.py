@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import TINY_VOCAB, byte_tokenizer, reference_greedy, tiny_engine, tokens_of
-from trispec.config import SchedulerConfig
-from trispec.detokenize import StopTextTracker
+from test_trtllm import drain, engine_over
+from tiny import TINY_VOCAB, reference_greedy, tiny_engine, tokens_of
 from trispec.drafters.ngram import NgramDrafter
 from trispec.engine.base import ForwardInput
 from trispec.errors import InvalidInputError
@@ -25,7 +24,6 @@ from trispec.runners.trtllm_executor import TrtllmExecutor
 from trispec.runners.trtllm_runner import TrtllmSpecRunner
 from trispec.runners.trtllm_sampling import TOP_K_MAX, sampling_config_kwargs
 from trispec.sampling_params import SamplingParams
-from trispec.scheduler import Scheduler
 from trispec.sequence import FinishReason
 from trtllm_standin import write_engine
 
@@ -58,26 +56,6 @@ def runner_over(
         draft_logits=draft_logits,
         chunked_context=chunked_context,
     )
-
-
-def engine_over(runner: TrtllmSpecRunner) -> LLMEngine:
-    tok = byte_tokenizer()
-    scheduler = Scheduler(
-        runner,
-        SchedulerConfig(adaptive_speculation=False),
-        encode=tok.encode,
-        make_text_tracker=lambda stop: StopTextTracker(tok, stop),
-        eos_ids=frozenset(),
-    )
-    return LLMEngine(scheduler, runner)
-
-
-def drain(llm: LLMEngine) -> dict[int, list]:
-    outputs: dict[int, list] = {}
-    while llm.has_work():
-        for out in llm.step():
-            outputs.setdefault(out.request_id, []).append(out)
-    return outputs
 
 
 # -- what one request becomes -----------------------------------------------------------------------
