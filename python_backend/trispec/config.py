@@ -76,6 +76,9 @@ class ModelConfig(_Strict):
     # tokenizer.json; default: converted once from the GGUF, or tokenizer.json beside HF weights
     tokenizer: Path | None = None
     kv_cache_mb: float = Field(256.0, gt=0)
+    # device cuda: greedy rounds replay CUDA graphs of a static step (docs/gpu.md); read from the
+    # target's section (the draft model's follows it); no effect on the CPU
+    cuda_graphs: bool = True
 
     @model_validator(mode="after")
     def _gguf_weights(self) -> ModelConfig:

@@ -13,9 +13,9 @@ Python/dispatch cost of ~40 small ops per layer is visible on a 135M model on 2 
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,20 +24,11 @@ from trispec.engine.args import ModelArgs
 from trispec.engine.attention import make_attention
 from trispec.engine.batch import Batch, SeqSpec, pack
 from trispec.engine.kv_cache import KVCache
-from trispec.engine.linear import (
-    DenseLinear,
-    GGUFLinear,
-    Int8Linear,
-    Linear,
-    RowSplitLinear,
-    gguf_rows,
-    gguf_supported,
-    require_gguf_kernel,
-)
+from trispec.engine.linear import Linear, gguf_rows
 from trispec.engine.weights import QuantBlocks
-from trispec.errors import ConfigError
 
-logger = logging.getLogger(__name__)
+# attention of one layer: (q, k, v, k_cache, v_cache) -> [T, H * D], after k/v were written
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -152,12 +143,30 @@ class Transformer:
 
     def forward(self, batch: Batch, kv: KVCache) -> torch.Tensor:
         """Run the packed batch; write its keys/values; return float32 logits of ``logit_rows``."""
+        attn, attention = batch.attn, self.attention
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor):
+            return attention(attn, q, k, v, kc, vc)
+
+        x = self.run_layers(self.embed_tokens(batch.tokens), batch.cos, batch.sin, batch.slots, kv, attend)
+        x = rms_norm(x[batch.logit_rows], self.args.rms_norm_eps) * self.norm
+        return self.lm_head(x).float()
+
+    def run_layers(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        kv: KVCache,
+        attend: Attend,
+    ) -> torch.Tensor:
+        """Every decoder layer over the packed rows ``x``: writes their keys/values at ``slots`` and
+        returns the final hidden states (shared by ``forward`` and the static step)."""
         a = self.args
         H, KV, D = a.num_heads, a.num_kv_heads, a.head_dim
         eps, inter = a.rms_norm_eps, a.intermediate_size
-        x = self.embed_tokens(batch.tokens)
         T = x.shape[0]
-        cos, sin, slots = batch.cos, batch.sin, batch.slots
         for layer, kc, vc in zip(self.layers, kv.k_layers, kv.v_layers, strict=True):
             qkv = layer.qkv(_normed(x, layer.attn_norm, eps))
             # Rotate q and k together (one set of rope ops for both).
@@ -167,176 +176,22 @@ class Transformer:
             # Cache layout [KV, slots, D]: a sequence's keys per head are contiguous in a block.
             kc.index_copy_(1, slots, k.transpose(0, 1))
             vc.index_copy_(1, slots, v.transpose(0, 1))
-            x = x + layer.o(self.attention(batch.attn, q, k, v, kc, vc))
+            x = x + layer.o(attend(q, k, v, kc, vc))
             gu = layer.gate_up(_normed(x, layer.mlp_norm, eps))
             x = x + layer.down(F.silu(gu[:, :inter]) * gu[:, inter:])
-        x = rms_norm(x[batch.logit_rows], eps) * self.norm
-        return self.lm_head(x).float()
-
-
-# ---------------------------------------------------------------------------------------------------
-# Building a Transformer from a HF-layout state dict.
-
-_HF_LAYER = "model.layers.{}."
-
-
-def build_transformer(
-    args: ModelArgs,
-    state_dict: Mapping[str, torch.Tensor],
-    *,
-    dtype: torch.dtype = torch.float32,
-    weight_quant: str | None = None,
-    rope_length: int | None = None,
-    attention: str = "auto",
-    device: torch.device | None = None,
-) -> Transformer:
-    """Fuse a HF-named state dict (``model.layers.N.self_attn.q_proj.weight`` ...) into our layout.
-
-    ``weight_quant="int8"``: every linear layer (and the embedding / LM head) becomes weight-only
-    int8 with per-output-channel scales; activations run in ``dtype`` (bfloat16 is the fast path).
-    ``weight_quant="gguf"``: the linear layers, embedding and LM head keep a GGUF file's own blocks
-    (the state dict must come from one; float32 activations, CPU); a tensor of a type the GGUF kernel
-    does not decode falls back to dense float32 (its whole fused layer).
-    ``device``: where the weights go, tensor by tensor as they are built (default CPU).
-    """
-    if weight_quant not in (None, "int8", "gguf"):
-        raise ConfigError("weight_quant", f"unsupported weight_quant {weight_quant!r} (None, 'int8', 'gguf')")
-    device = device or torch.device("cpu")
-    if weight_quant == "int8" and device.type != "cpu":
-        raise ConfigError("precision", "int8 weight-only runs on CPU; on a GPU use bfloat16")
-    blocks_of = _gguf_blocks_of(state_dict, weight_quant, dtype, device)
-
-    def get(name: str) -> torch.Tensor:
-        t = state_dict.get(name)
-        if t is None:
-            raise ConfigError("checkpoint", f"missing tensor {name!r}")
-        return t.detach().to(torch.float32)
-
-    def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
-        b = None if bias is None else bias.to(dtype).to(device)
-        if weight_quant == "int8":
-            return Int8Linear.from_float(weight, b, dtype=dtype)
-        return DenseLinear(weight.to(dtype).to(device), b)  # prepacked on CPU only
-
-    def fused(
-        names: list[str], norm: torch.Tensor | None, bias: torch.Tensor | None = None
-    ) -> tuple[Linear, torch.Tensor | None]:
-        """The layer of these tensors side by side, with the norm before it folded in, or (GGUF blocks)
-        kept to be multiplied in: (layer, norm weight still to apply)."""
-        parts = blocks_of(names)
-        if parts is not None:
-            return GGUFLinear(parts, bias), norm
-        weight = torch.cat([get(n) for n in names])
-        return linear(weight if norm is None else weight.mul_(norm), bias), None
-
-    layers = []
-    for i in range(args.num_layers):
-        p = _HF_LAYER.format(i)
-        qkv_b = (
-            torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if args.attention_bias else None
-        )
-        o_b = get(p + "self_attn.o_proj.bias") if args.o_bias else None
-        qkv, attn_norm = fused(
-            [p + f"self_attn.{n}_proj.weight" for n in "qkv"], get(p + "input_layernorm.weight"), qkv_b
-        )
-        gate_up, mlp_norm = fused(
-            [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], get(p + "post_attention_layernorm.weight")
-        )
-        layers.append(
-            LayerWeights(
-                qkv=qkv,
-                o=fused([p + "self_attn.o_proj.weight"], None, o_b)[0],
-                gate_up=gate_up,
-                down=fused([p + "mlp.down_proj.weight"], None)[0],
-                attn_norm=attn_norm,
-                mlp_norm=mlp_norm,
-            )
-        )
-    embed_blocks = blocks_of(["model.embed_tokens.weight"])
-    embed_scales = None
-    if embed_blocks is not None:
-        embed = embed_blocks[0].data
-        lm_head: Linear = (
-            GGUFLinear(embed_blocks) if args.tie_embeddings else fused(["lm_head.weight"], None)[0]
-        )
-    elif weight_quant == "int8":
-        embed_q = Int8Linear.from_float(get("model.embed_tokens.weight"), None, dtype=dtype)
-        embed, embed_scales = embed_q.weight, embed_q.scales
-        # one int8 table serves lookup and a tied LM head
-        lm_head = embed_q if args.tie_embeddings else linear(get("lm_head.weight"))
-    else:
-        embed = get("model.embed_tokens.weight").to(dtype).contiguous().to(device)
-        if args.tie_embeddings:
-            lm_head = DenseLinear(embed)
-        elif weight_quant == "gguf":  # the embedding's type is not decoded: the head may still be
-            lm_head = fused(["lm_head.weight"], None)[0]
-        else:
-            lm_head = dense_head(state_dict, args, dtype, device)
-    return Transformer(
-        args,
-        embed=embed,
-        layers=layers,
-        norm=get("model.norm.weight").to(dtype).to(device),
-        lm_head=lm_head,
-        embed_scales=embed_scales,
-        embed_blocks=None if embed_blocks is None else embed_blocks[0],
-        dtype=dtype,
-        rope_length=rope_length,
-        attention=attention,
-    )
-
-
-def _gguf_blocks_of(
-    state_dict: Mapping[str, torch.Tensor], weight_quant: str | None, dtype: torch.dtype, device: torch.device
-) -> Callable[[list[str]], list[QuantBlocks] | None]:
-    """For ``weight_quant="gguf"``: names -> their GGUF blocks, or None where one of them is of a type
-    the kernel does not decode (that layer is built dense). Otherwise always None."""
-    if weight_quant != "gguf":
-        return lambda names: None
-    if dtype != torch.float32 or device.type != "cpu":
-        raise ConfigError("weights", "gguf weights run on the CPU with float32 activations (dtype: float32)")
-    if not getattr(state_dict, "has_blocks", False):
-        raise ConfigError("weights", "gguf weights need a .gguf checkpoint")
-    require_gguf_kernel()
-    read = state_dict.blocks  # type: ignore[attr-defined]
-
-    def blocks_of(names: list[str]) -> list[QuantBlocks] | None:
-        parts = [read(n) for n in names]
-        if all(gguf_supported(b) for b in parts):
-            return parts  # type: ignore[return-value]
-        kinds = sorted({str(b.ggml_type) for b in parts if b is not None and not gguf_supported(b)})
-        if kinds:
-            logger.info(
-                "%s: ggml type %s is not decoded by the GGUF kernel: dense", names[0], "/".join(kinds)
-            )
-        return None
-
-    return blocks_of
-
-
-def dense_head(
-    state_dict: Mapping[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype, device: torch.device
-) -> Linear:
-    """An untied LM head; for a large vocabulary on CPU in blocks of rows, read block by block."""
-    name = "lm_head.weight"
-    if name not in state_dict:
-        raise ConfigError("checkpoint", f"missing tensor {name!r}")
-    block = HEAD_BLOCK_ROWS
-    if args.vocab_size <= block or device.type != "cpu":
-        return DenseLinear(state_dict[name].to(dtype).to(device))
-    rows = getattr(state_dict, "rows", lambda n, a, b: state_dict[n][a:b])
-    parts = [
-        DenseLinear(rows(name, start, min(start + block, args.vocab_size)).to(dtype).contiguous())
-        for start in range(0, args.vocab_size, block)
-    ]
-    return RowSplitLinear(parts)
-
-
-# rows per block of a large untied LM head (see RowSplitLinear)
-HEAD_BLOCK_ROWS = 32768
+        return x
 
 
 def _distinct_bytes(tensors: list[torch.Tensor]) -> int:
     # a packed (opaque) tensor has no storage to share
     unique = {t.data_ptr() if t.layout == torch.strided else -i: t for i, t in enumerate(tensors, 1)}
     return sum(t.numel() * t.element_size() for t in unique.values())
+
+
+def __getattr__(name: str) -> Any:
+    # the build moved to build.py (it imports this module); old imports keep working
+    if name in ("build_transformer", "dense_head", "HEAD_BLOCK_ROWS"):
+        from trispec.engine import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,8 +17,9 @@ import torch
 from trispec.engine.args import ModelArgs
 from trispec.engine.base import ForwardInput, KVUsage
 from trispec.engine.batch import SeqSpec
+from trispec.engine.build import build_transformer
 from trispec.engine.kv_cache import BlockManager, KVCache, slots_of
-from trispec.engine.model import Transformer, build_transformer
+from trispec.engine.model import Transformer
 from trispec.engine.weights import random_state_dict
 from trispec.errors import ConfigError, InvalidInputError
 
@@ -80,7 +81,10 @@ class TorchEngine:
         if num_blocks is None:
             num_blocks = KVCache.num_blocks_for_budget(kv_cache_mb, **geometry)
         self.blocks = BlockManager(num_blocks, block_size)
-        self.kv = KVCache(num_blocks=num_blocks, device=model.embed.device, **geometry)
+        # one block more than the manager hands out: the trash block, where padding rows of the
+        # static (CUDA-graph) step write their keys and values and padded block tables point
+        self.kv = KVCache(num_blocks=num_blocks + 1, device=model.embed.device, **geometry)
+        self.trash_block = num_blocks
         capacity = num_blocks * block_size
         if max_context is None:
             max_context = min(args.max_position_embeddings, capacity)
@@ -142,8 +146,15 @@ class TorchEngine:
     @classmethod
     def from_random(cls, args: ModelArgs, seed: int, **kwargs: Any) -> TorchEngine:
         """Deterministic random weights (same seed -> same weights -> same logits); keywords as
-        ``from_state_dict``."""
-        return cls.from_state_dict(args, random_state_dict(args, seed), **kwargs)
+        ``from_state_dict``. On a GPU they are drawn there in the engine's dtype, tensor by tensor
+        (``random_weights.device_state_dict``: other values than the host's for the same seed)."""
+        device = resolve_device(kwargs.get("device", "cpu"))
+        if device.type == "cpu":
+            return cls.from_state_dict(args, random_state_dict(args, seed), **kwargs)
+        from trispec.engine.random_weights import device_state_dict
+
+        dtype = resolve_dtype(kwargs.get("dtype"), kwargs.get("weight_quant"))
+        return cls.from_state_dict(args, device_state_dict(args, seed, device, dtype), **kwargs)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, **kwargs: Any) -> TorchEngine:

@@ -54,8 +54,10 @@ class LazyStateDict(Mapping[str, torch.Tensor]):
         loaders: dict[str, Callable[[], torch.Tensor]],
         row_loaders: dict[str, Callable[[int, int], torch.Tensor]] | None = None,
         block_loaders: dict[str, Callable[[], QuantBlocks]] | None = None,
+        stored_loaders: dict[str, Callable[[], torch.Tensor]] | None = None,
     ) -> None:
         self._loaders = loaders
+        self._stored_loaders = stored_loaders or {}
         self._row_loaders = row_loaders or {}
         self._block_loaders = block_loaders or {}
 
@@ -71,6 +73,15 @@ class LazyStateDict(Mapping[str, torch.Tensor]):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self._loaders[name]()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaders  # Mapping's default would read the tensor to find out
+
+    def stored(self, name: str) -> torch.Tensor:
+        """The tensor in the file's own dtype where the format has one (bf16 safetensors stay bf16:
+        moved to a GPU before they are widened, no float32 copy of them on the host)."""
+        loader = self._stored_loaders.get(name)
+        return loader() if loader is not None else self[name]
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows ``[start, stop)`` of a 2-D tensor, reading only those where the format allows."""
@@ -121,11 +132,13 @@ def load_safetensors_dir(directory: str | Path) -> tuple[ModelArgs, LazyStateDic
     if not files:
         raise ConfigError("checkpoint", f"{d}: no .safetensors files")
     loaders: dict[str, Callable[[], torch.Tensor]] = {}
+    stored: dict[str, Callable[[], torch.Tensor]] = {}
     for f in files:
         handle = safe_open(str(d / f), framework="pt")  # memory-mapped; kept open by the loaders
         for name in handle.keys():  # noqa: SIM118 -- safe_open has keys(), not iteration
             loaders[name] = functools.partial(_read_safetensor, handle, name)
-    return args, LazyStateDict(loaders)
+            stored[name] = functools.partial(handle.get_tensor, name)
+    return args, LazyStateDict(loaders, stored_loaders=stored)
 
 
 def _read_safetensor(handle: object, name: str) -> torch.Tensor:
@@ -276,43 +289,15 @@ def _read_gguf_blocks(reader: object, tensor: object, args: ModelArgs) -> QuantB
 
 # -- random weights (tests, benchmarks of model shapes) ----------------------------------------------
 
-_HF_LAYER = "model.layers.{}."
-
 
 def random_state_dict(args: ModelArgs, seed: int) -> dict[str, torch.Tensor]:
-    """Deterministic random HF-named weights (fp32).
+    """Deterministic random HF-named weights (fp32, drawn on the host in one sequence); the shapes
+    and scales are ``random_weights.random_specs``'s (``device_state_dict`` draws on a GPU)."""
+    from trispec.engine.random_weights import random_specs
 
-    HF's init (normal, std 0.02) makes a tiny model's logits nearly flat and greedy decoding a
-    constant token. Here projections are 1/sqrt(fan_in)-scaled, and the residual writers (o, down)
-    get gain 2 over a 0.3-std embedding so that the layers, not the current token's own embedding,
-    dominate the final hidden state: with tied embeddings the latter makes greedy repeat the input.
-    """
     g = torch.Generator().manual_seed(seed)
-
-    def normal(*shape: int, std: float) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * std
-
-    h, inter, d = args.hidden_size, args.intermediate_size, args.head_dim
-    sd: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(args.vocab_size, h, std=0.3)}
-    for i in range(args.num_layers):
-        p = _HF_LAYER.format(i)
-        sd[p + "input_layernorm.weight"] = 1.0 + normal(h, std=0.1)
-        sd[p + "post_attention_layernorm.weight"] = 1.0 + normal(h, std=0.1)
-        sd[p + "self_attn.q_proj.weight"] = normal(args.num_heads * d, h, std=h**-0.5)
-        sd[p + "self_attn.k_proj.weight"] = normal(args.num_kv_heads * d, h, std=h**-0.5)
-        sd[p + "self_attn.v_proj.weight"] = normal(args.num_kv_heads * d, h, std=h**-0.5)
-        sd[p + "self_attn.o_proj.weight"] = normal(
-            h, args.num_heads * d, std=2 * (args.num_heads * d) ** -0.5
-        )
-        if args.attention_bias:
-            for n, size in (("q", args.q_size), ("k", args.kv_size), ("v", args.kv_size)):
-                sd[p + f"self_attn.{n}_proj.bias"] = normal(size, std=0.02)
-        if args.o_bias:
-            sd[p + "self_attn.o_proj.bias"] = normal(h, std=0.02)
-        sd[p + "mlp.gate_proj.weight"] = normal(inter, h, std=h**-0.5)
-        sd[p + "mlp.up_proj.weight"] = normal(inter, h, std=h**-0.5)
-        sd[p + "mlp.down_proj.weight"] = normal(h, inter, std=2 * inter**-0.5)
-    sd["model.norm.weight"] = 1.0 + normal(h, std=0.1)
-    if not args.tie_embeddings:
-        sd["lm_head.weight"] = normal(args.vocab_size, h, std=h**-0.5)
+    sd: dict[str, torch.Tensor] = {}
+    for name, shape, std, mean in random_specs(args):
+        t = torch.randn(*shape, generator=g) * std
+        sd[name] = mean + t if mean else t
     return sd

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,14 +29,21 @@ from trispec.sampling_params import SamplingParams
 from trispec.step import KVUsage, SeqResult, SeqStep, StepPlan, StepResult
 from trispec.verifier import verify
 
+if TYPE_CHECKING:
+    from trispec.runners.graph_round import GraphRound
+
 logger = logging.getLogger(__name__)
 
 MAX_DRAFT_FAILURES_IN_A_ROW = 3
 
 
 class TorchSpecRunner:
-    def __init__(self, target: Engine, drafter: Drafter | None = None) -> None:
+    def __init__(
+        self, target: Engine, drafter: Drafter | None = None, graphs: GraphRound | None = None
+    ) -> None:
         self.target = target
+        # greedy rounds as CUDA graph replays (runners/graph_round.py); None: every round eager
+        self.graphs = graphs
         self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
         self._generators: dict[int, torch.Generator | None] = {}
         self._admitted: set[int] = set()  # in the target's KV now (not preempted)
@@ -47,7 +55,13 @@ class TorchSpecRunner:
     def from_config(cls, config: SpecDecConfig) -> TorchSpecRunner:
         from trispec.runners.torch_build import build_engines
 
-        return cls(*build_engines(config))
+        target, drafter = build_engines(config)
+        graphs = None
+        if config.target.cuda_graphs and config.target.device.startswith("cuda"):
+            from trispec.runners.graph_round import graph_round_for
+
+            graphs = graph_round_for(target, drafter, config.scheduler.max_num_draft_tokens)
+        return cls(target, drafter, graphs)
 
     # -- admission ---------------------------------------------------------------------------
     @property
@@ -59,12 +73,12 @@ class TorchSpecRunner:
         return self.target.max_context
 
     @property
-    def shapes_logits(self) -> bool:
-        return True
-
-    @property
     def max_context_note(self) -> str:
         return "the target's KV pool and position table (scheduler.max_context)"
+
+    @property
+    def shapes_logits(self) -> bool:
+        return True
 
     @property
     def can_draft(self) -> bool:
@@ -149,6 +163,8 @@ class TorchSpecRunner:
                     f"seq {s.seq_id}: the plan says {s.num_computed} tokens are cached, the cache holds "
                     f"{self.target.cached_length(s.seq_id)}"
                 )
+        if self.graphs is not None and (graphed := self._graph_round(steps)) is not None:
+            return graphed
         t0 = time.perf_counter()
         drafts, draft_failed = self._draft(decodes)
         t1 = time.perf_counter()
@@ -186,6 +202,21 @@ class TorchSpecRunner:
             draft_catch_up_tokens=catch_up,
             draft_failed=draft_failed,
         )
+
+    def _graph_round(self, steps: Sequence[SeqStep]) -> StepResult | None:
+        """The round on CUDA graphs when it qualifies (None: run it eagerly). A failure there turns
+        the graph path off for good: the round is undone and every round runs eagerly."""
+        assert self.graphs is not None
+        ks = self.graphs.ks_for(steps, self.drafting_off)
+        if ks is None:
+            return None
+        try:
+            return self.graphs.run(steps, ks, self._rollback_draft)
+        except Exception:
+            logger.exception("the CUDA-graph round failed: every round runs eagerly from now on")
+            self.graphs = None
+            self._undo(steps)
+            return None
 
     def _draft(self, decodes: Sequence[SeqStep]) -> tuple[list[DraftProposal], bool]:
         """Each decode's proposal (empty for k = 0), and whether the drafter failed this step."""

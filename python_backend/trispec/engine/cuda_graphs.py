@@ -1,0 +1,204 @@
+"""``StepGraphs``: one engine's static step (``static_step.py``) at one shape, for every padded batch
+size: the device buffers, their pinned host staging copy, and a CUDA graph per size, captured on
+first use. With ``capture=False`` the same step runs eagerly on the same buffers (the CPU tests).
+
+Per round the host writes every input (tokens, positions, slots, block-table rows, lengths) into the
+staging copy, padding rows pointing at the engine's trash block; one ``upload`` moves them; a replay
+runs the step. Graphs embed no length, table or position: all of them are buffer contents, so the
+``BlockManager`` stays the single source of truth and rollback stays host bookkeeping.
+
+Graphs of all sets share one memory pool (``GraphPool``): safe because each graph's results land in
+buffers allocated outside capture and replays run one after another on one stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trispec.engine.kv_cache import blocks_for, slots_of
+from trispec.engine.static_step import StaticBatch, forward_static, static_attend
+from trispec.engine.torch_engine import TorchEngine
+from trispec.engine.triton_attention import splits_for
+
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32)
+
+
+def padded_size(n: int, sizes: Sequence[int]) -> int | None:
+    """The smallest captured size that holds ``n`` sequences (None: more than the largest)."""
+    return next((s for s in sorted(sizes) if s >= n), None)
+
+
+@dataclass(frozen=True)
+class SeqRows:
+    """One sequence's rows of a step: ``tokens`` fed at positions ``start ..`` through ``table``."""
+
+    tokens: Sequence[int]
+    start: int
+    table: Sequence[int]
+
+
+class GraphPool:
+    """The memory pool all captures share (set by the first capture)."""
+
+    handle: object = None
+
+
+class StepGraphs:
+    def __init__(
+        self,
+        engine: TorchEngine,
+        *,
+        rows: int,
+        logits: int,
+        sizes: Sequence[int] = GRAPH_BATCH_SIZES,
+        capture: bool = True,
+        attention: str | None = None,
+        out_tokens: torch.Tensor | None = None,
+        block_tables: torch.Tensor | None = None,
+        prologue: Callable[[StaticBatch], None] | None = None,
+        pool: GraphPool | None = None,
+    ) -> None:
+        """``rows`` per sequence; ``logits`` rows per sequence get the head (``rows``: all, 1: the
+        last fed one). ``prologue`` runs on the device before the step, inside its graph.
+        ``out_tokens``/``block_tables``: buffers shared with another set (the draft's two steps)."""
+        if logits not in (1, rows):
+            raise ValueError("logits per sequence: 1 (the last fed row) or all rows")
+        self.engine, self.rows, self.logits = engine, rows, logits
+        self.sizes = tuple(sorted(sizes))
+        device = engine.kv.k.device
+        self.capture = capture and device.type == "cuda"
+        self.attention = attention or ("triton" if device.type == "cuda" else "torch")
+        self.max_blocks = blocks_for(engine.max_context, engine.block_size)
+        self.trash_slot = engine.trash_block * engine.block_size
+        B = self.sizes[-1]
+        self.buffers = StaticBatch.allocate(B, rows, logits, self.max_blocks, device, out_tokens=out_tokens)
+        if block_tables is not None:
+            self.buffers.block_tables = block_tables
+        self.host = StaticBatch.allocate(
+            B, rows, logits, self.max_blocks, torch.device("cpu"), pin=self.capture
+        )
+        self._np = {name: getattr(self.host, name).numpy() for name in _FIELDS}
+        self.prologue = prologue
+        self.pool = pool or GraphPool()
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._views: dict[int, tuple[StaticBatch, Callable]] = {}
+        self._pad_host(B)
+        self.buffers.upload(self.host)
+
+    # -- host side ----------------------------------------------------------------------------
+    def stage(self, seqs: Sequence[SeqRows]) -> int:
+        """Write ``seqs`` (at most ``rows`` tokens each) and padding up to the padded size into the
+        staging copy; returns that size. Block-table rows are rewritten whole every time: a table
+        cut back by rollback, or blocks freed and handed to another sequence, never linger."""
+        b_pad = padded_size(len(seqs), self.sizes)
+        if b_pad is None:
+            raise ValueError(f"{len(seqs)} sequences exceed the largest graph ({self.sizes[-1]})")
+        self._pad_host(b_pad)
+        a, Q, BS = self._np, self.rows, self.engine.block_size
+        for b, s in enumerate(seqs):
+            n = len(s.tokens)
+            if n > Q or len(s.table) > self.max_blocks:
+                raise ValueError(f"sequence {b}: {n} rows or {len(s.table)} blocks exceed the static shape")
+            r = slice(b * Q, b * Q + n)
+            a["tokens"][r] = s.tokens
+            a["positions"][b * Q : (b + 1) * Q] = s.start + min(n, 1) * np.minimum(np.arange(Q), n - 1)
+            a["slots"][r] = slots_of(s.table, BS, range(s.start, s.start + n))
+            a["block_tables"][b, : len(s.table)] = s.table
+            a["seq_lens"][b], a["q_lens"][b] = s.start + n, n
+            if self.logits == 1:
+                a["logit_rows"][b] = b * Q + max(n - 1, 0)
+        return b_pad
+
+    def stage_positions(self, positions: Sequence[int | None]) -> int:
+        """For a step whose prologue computes its inputs (``advance_one``): each sequence's last
+        fed position, None for one that does not take part; returns the padded size."""
+        b_pad = padded_size(len(positions), self.sizes)
+        if b_pad is None:
+            raise ValueError(f"{len(positions)} sequences exceed the largest graph ({self.sizes[-1]})")
+        self._pad_host(b_pad)
+        a = self._np
+        for b, p in enumerate(positions):
+            if p is not None:
+                a["positions"][b], a["q_lens"][b] = p, 1
+        return b_pad
+
+    def _pad_host(self, b_pad: int) -> None:
+        a, Q = self._np, self.rows
+        a["tokens"][: b_pad * Q] = 0
+        a["positions"][: b_pad * Q] = 0
+        a["slots"][: b_pad * Q] = self.trash_slot
+        a["block_tables"][:b_pad] = self.engine.trash_block
+        a["seq_lens"][:b_pad] = 0
+        a["q_lens"][:b_pad] = 0
+        n = b_pad * self.logits
+        a["logit_rows"][:n] = np.arange(n) if self.logits == Q else np.arange(b_pad) * Q
+
+    def upload(self) -> None:
+        self.buffers.upload(self.host)
+
+    # -- device side --------------------------------------------------------------------------
+    def run(self, b_pad: int) -> None:
+        """One step over the first ``b_pad`` sequences of the buffers (a replay when captured)."""
+        if not self.capture:
+            self._step(b_pad)
+            return
+        graph = self._graphs.get(b_pad)
+        if graph is None:
+            raise RuntimeError(f"batch size {b_pad} is not captured: call ensure_captured first")
+        graph.replay()
+
+    def ensure_captured(self, b_pad: int) -> None:
+        """Capture the graph for ``b_pad`` (before staging: the warm-up runs on all-padding inputs,
+        so it writes only to the trash block, and leaves them so)."""
+        if not self.capture or b_pad in self._graphs:
+            return
+        self._pad_host(self.sizes[-1])
+        self.upload()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up: compiles the kernels outside the capture
+            self._step(b_pad)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool.handle):
+            self._step(b_pad)
+        self.pool.handle = graph.pool()
+        self._graphs[b_pad] = graph
+
+    def _step(self, b_pad: int) -> None:
+        if b_pad not in self._views:
+            sb = self.buffers.prefix(b_pad)
+            args = self.engine.args
+            splits = splits_for(b_pad, args.num_kv_heads) if self.attention == "triton" else 1
+            attend = static_attend(sb, self.engine.block_size, args.head_dim**-0.5, self.attention, splits)
+            self._views[b_pad] = (sb, attend)
+        sb, attend = self._views[b_pad]
+        if self.prologue is not None:
+            self.prologue(sb)
+        forward_static(self.engine.model, self.engine.kv, sb, attend)
+
+
+_FIELDS = ("tokens", "positions", "slots", "logit_rows", "block_tables", "seq_lens", "q_lens")
+
+
+def advance_one(block_size: int, trash_slot: int) -> Callable[[StaticBatch], None]:
+    """The prologue of a draft's next step (one row per sequence), all on the device: feed the
+    previous step's argmax (``out_tokens``, shared with the first step) one position further,
+    through the block table (shared too; blocks for every draft position were reserved before the
+    replays). The host stages each sequence's last fed position and ``q_lens`` 1 (0: padding,
+    which writes to the trash slot); each replay advances the positions in place."""
+
+    def prologue(sb: StaticBatch) -> None:
+        active = sb.q_lens > 0
+        sb.positions.add_(active.long())
+        sb.tokens.copy_(sb.out_tokens[:, 0])
+        sb.seq_lens.copy_((sb.positions + 1) * active)
+        block = sb.block_tables.gather(1, (sb.positions // block_size)[:, None])[:, 0].long()
+        slot = block * block_size + sb.positions % block_size
+        sb.slots.copy_(torch.where(active, slot, torch.full_like(slot, trash_slot)))
+
+    return prologue

@@ -1,0 +1,448 @@
+"""Does speculation pay on a GPU? One prepared run (<= 7 minutes on an H100) of the CUDA-graph path
+on random weights of real Qwen2.5 shapes (bf16, drawn on the GPU), printing JSON lines as it goes
+and a table at the end:
+
+1. the copy-bandwidth ceiling (device-to-device copy);
+2. the Triton paged-attention kernel (bf16) against an fp32 reference: max relative error, and its
+   time at batch 1 and 32, context 512 and 2048;
+3. step costs, eager ``TorchEngine.forward`` against the graph replay, for 0.5B, 1.5B and 7B at
+   batch 1, 8, 32 and context 512, 2048: milliseconds and achieved GB/s (weights, and weights + KV
+   read), verify (k + 1 = 5 rows) / decode and draft / target ratios;
+4. plain greedy tok/s (graph decode, one sync per token) at batch 1 and 8, eager at batch 1;
+5. speculative tok/s, 0.5B draft -> 7B target at batch 1: the draft's replays run for real (its
+   cost is real) but its proposals are replaced on the device by the plain run's tokens, each kept
+   with probability a per position (random weights accept nothing on their own), a in
+   {0.6, 0.7, 0.8, 0.9}, k in {3, 4, 5}; measured tokens per round against (1 - a^(k+1)) / (1 - a),
+   and the match rate with the plain run;
+6. the 7B target as its own draft (same weights): the mechanics' ceiling (a = 1).
+
+    python scripts/gpu_spec_bench.py                      # on the GPU machine
+    python scripts/gpu_spec_bench.py --device cpu --tiny  # CI: the same code on tiny models, seconds
+
+The loops drive ``GraphRound`` directly (the scheduler's per-step host work is not in them). Rows
+of a section that would run past the time budget are skipped and say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--tiny", action="store_true", help="tiny models and sizes (CI on CPU)")
+    parser.add_argument("--budget-s", type=float, default=390.0, help="skip what would run past this")
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per generation")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON lines here")
+    return parser.parse_args(argv)
+
+
+ARGS = parse_args()
+if ARGS.device == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel module is imported
+sys.path.insert(0, str(ROOT / "python_backend"))
+
+import torch  # noqa: E402
+from trispec.drafters.model_drafter import ModelDrafter  # noqa: E402
+from trispec.engine.args import ModelArgs  # noqa: E402
+from trispec.engine.base import ForwardInput  # noqa: E402
+from trispec.engine.cuda_graphs import SeqRows, StepGraphs  # noqa: E402
+from trispec.engine.static_attention import reference_paged_attention  # noqa: E402
+from trispec.engine.torch_engine import TorchEngine  # noqa: E402
+from trispec.runners.graph_round import GraphRound  # noqa: E402
+from trispec.sampling_params import SamplingParams  # noqa: E402
+from trispec.step import SeqStep  # noqa: E402
+
+# Qwen2.5 shapes (scripts/cuda_step_costs.py); one vocabulary for all three (the 0.5B and 1.5B
+# files say 151936, the 7B 152064: a random target could emit an id its draft cannot embed)
+QWEN = {
+    "0.5b": dict(vocab_size=152064, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                 num_kv_heads=2, head_dim=64, tie_embeddings=True),
+    "1.5b": dict(vocab_size=152064, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
+                 num_kv_heads=2, head_dim=128, tie_embeddings=True),
+    "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
+               num_kv_heads=4, head_dim=128, tie_embeddings=False),
+}  # fmt: skip
+TINY = {  # the same GQA ratios (7, 6, 7), two layers
+    "0.5b": dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=14,
+                 num_kv_heads=2, head_dim=16, tie_embeddings=True),
+    "1.5b": dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=12,
+                 num_kv_heads=2, head_dim=16, tie_embeddings=True),
+    "7b": dict(vocab_size=320, hidden_size=96, intermediate_size=192, num_layers=2, num_heads=28,
+               num_kv_heads=4, head_dim=16, tie_embeddings=False),
+}  # fmt: skip
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        if args.tiny:
+            torch.set_num_threads(1)  # models this small gain nothing from threads, and CI shares cores
+        self.device = torch.device(args.device)
+        self.cuda = self.device.type == "cuda"
+        self.tiny = args.tiny
+        self.dtype = torch.bfloat16 if self.cuda else torch.float32
+        self.t0 = time.perf_counter()
+        self.budget_s = args.budget_s
+        self.out = args.out.open("w") if args.out else None
+        self.rows: list[dict[str, Any]] = []
+        self.batches = (1, 2) if self.tiny else (1, 8, 32)
+        self.contexts = (40,) if self.tiny else (512, 2048)
+        self.tokens = 24 if self.tiny else args.tokens
+        self.sizes = (1, 2) if self.tiny else (1, 8, 32)
+        # the tiny run only has to pass through every code path once
+        self.ks, self.accepts = ((3,), (0.7,)) if self.tiny else ((3, 4, 5), (0.6, 0.7, 0.8, 0.9))
+
+    def emit(self, **row: Any) -> None:
+        row["t_s"] = round(time.perf_counter() - self.t0, 1)
+        self.rows.append(row)
+        line = json.dumps(row)
+        print(line, flush=True)
+        if self.out:
+            self.out.write(line + "\n")
+
+    def time_left(self, need_s: float) -> bool:
+        return time.perf_counter() - self.t0 + need_s <= self.budget_s
+
+    def timed(self, fn: Callable[[], object], iters: int, warmup: int) -> float:
+        """Median seconds per call (CUDA events around each call on a GPU)."""
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(iters):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    def engine(self, name: str, seed: int, max_context: int, kv_mb: float) -> TorchEngine:
+        shapes = (TINY if self.tiny else QWEN)[name]
+        args = ModelArgs(arch="qwen2", rope_theta=1e6, rms_norm_eps=1e-6, attention_bias=True,
+                         max_position_embeddings=max(4096, max_context), **shapes)  # fmt: skip
+        t = time.perf_counter()
+        engine = TorchEngine.from_random(
+            args, seed, dtype=self.dtype, device=self.device, kv_cache_mb=kv_mb, max_context=max_context
+        )
+        self.sync()
+        self.emit(section="build", model=name, seconds=round(time.perf_counter() - t, 2),
+                  weight_gb=round(engine.model.weight_bytes / 1e9, 3))  # fmt: skip
+        return engine
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+# -- 1, 2: bandwidth and the kernel ---------------------------------------------------------------
+
+
+def copy_ceiling(b: Bench) -> float:
+    n = (1 << 20) if b.tiny else (1 << 29)  # bf16 elements: 1 GiB on the GPU
+    src = torch.empty(n, dtype=torch.bfloat16, device=b.device)
+    dst = torch.empty_like(src)
+    seconds = b.timed(lambda: dst.copy_(src), iters=5 if b.tiny else 20, warmup=2)
+    gbs = 2 * src.nbytes / seconds / 1e9  # read + write
+    b.emit(section="copy", gb_per_s=round(gbs, 1))
+    return gbs
+
+
+def kernel_check(b: Bench) -> None:
+    from trispec.engine.triton_attention import paged_attention, splits_for
+
+    BS, D = 16, (16 if b.tiny else 128)
+    g = torch.Generator(device=b.device).manual_seed(0)
+    lengths = [0, 1, 16, 17, 40 if b.tiny else 500]
+    for heads, kv_heads, q in ((14, 2, 1), (14, 2, 5), (12, 2, 5)):
+        case = _kernel_case(b, g, heads, kv_heads, lengths, q, BS, D)
+        for splits in (1, 4):
+            out = paged_attention(*case, block_size=BS, scale=D**-0.5, splits=splits)
+            ref = reference_paged_attention(
+                case[0].float(), case[1].float(), case[2].float(), *case[3:], block_size=BS, scale=D**-0.5
+            )
+            err = ((out.float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item()
+            b.emit(section="kernel_error", gqa=heads // kv_heads, q=q, splits=splits, max_rel_err=err)
+    for batch in b.batches:
+        for ctx in b.contexts:
+            case = _kernel_case(b, g, 28, 4, [ctx] * batch, 1, BS, D)
+            splits = splits_for(batch, 4)
+            ms = b.timed(lambda c=case, s=splits: paged_attention(*c, block_size=BS, scale=D**-0.5, splits=s),
+                         iters=1 if b.tiny else 50, warmup=0 if b.tiny else 2) * 1e3  # fmt: skip
+            b.emit(section="kernel_time", batch=batch, ctx=ctx, splits=splits, ms=round(ms, 4))
+
+
+def _kernel_case(b: Bench, g: torch.Generator, heads: int, kv_heads: int, lengths: list[int], q: int,
+                 BS: int, D: int) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    B, max_blocks = len(lengths), max(-(-n // BS) for n in lengths) + 1
+    slots = (1 + B * max_blocks) * BS
+    k = torch.randn(kv_heads, slots, D, generator=g, device=b.device).to(b.dtype)
+    v = torch.randn(kv_heads, slots, D, generator=g, device=b.device).to(b.dtype)
+    tables = (1 + torch.randperm(B * max_blocks, generator=g, device=b.device)).view(B, max_blocks)
+    q_lens = torch.tensor([min(q, n) for n in lengths], dtype=torch.int32, device=b.device)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device=b.device)
+    queries = torch.randn(B * q, heads, D, generator=g, device=b.device).to(b.dtype)
+    return queries, k, v, tables.to(torch.int32), seq_lens, q_lens
+
+
+# -- 3: step costs --------------------------------------------------------------------------------
+
+
+def step_costs(b: Bench, engines: dict[str, TorchEngine], copy_gbs: float) -> dict[tuple, float]:
+    """Graph (and eager) milliseconds per step over synthetic contexts (blocks taken, no prefill:
+    the timing does not depend on the cached values)."""
+    graph_ms: dict[tuple, float] = {}
+    for name, engine in engines.items():
+        sets = {q: StepGraphs(engine, rows=q, logits=q, sizes=b.sizes, capture=True) for q in (1, 5)}
+        kv_token = 2 * engine.args.num_layers * engine.args.num_kv_heads * engine.args.head_dim * 2
+        for ctx in b.contexts:
+            for batch in b.batches:
+                if not b.time_left(15 if name == "7b" else 6):
+                    b.emit(section="step", model=name, ctx=ctx, batch=batch, skipped="time budget")
+                    continue
+                sids = _synthetic(engine, batch, ctx)
+                for q, graphs in sets.items():
+                    graph = _graph_step(b, engine, graphs, sids, ctx, q)
+                    eager = _eager_step(b, engine, sids, ctx, q)
+                    graph_ms[(name, ctx, batch, q)] = graph
+                    weights = engine.model.streamed_bytes
+                    kv = batch * (ctx + q) * kv_token
+                    gbs = (weights + kv) / graph / 1e9
+                    b.emit(section="step", model=name, ctx=ctx, batch=batch, rows=q,
+                           graph_ms=round(graph * 1e3, 3), eager_ms=round(eager * 1e3, 3),
+                           weights_gb_s=round(weights / graph / 1e9, 1), total_gb_s=round(gbs, 1),
+                           of_copy_ceiling=round(gbs / copy_gbs, 3))  # fmt: skip
+                for sid in sids:
+                    engine.free(sid)
+    return graph_ms
+
+
+def _synthetic(engine: TorchEngine, batch: int, ctx: int) -> list[int]:
+    sids = list(range(900_000, 900_000 + batch))
+    for sid in sids:
+        engine.add_sequence(sid, engine.max_context)
+        engine.blocks.append(sid, ctx)
+    return sids
+
+
+def _graph_step(
+    b: Bench, engine: TorchEngine, graphs: StepGraphs, sids: list[int], ctx: int, q: int
+) -> float:
+    b_pad = len(sids)
+    graphs.ensure_captured(b_pad)
+    for sid in sids:
+        engine.blocks.append(sid, q)
+    graphs.stage([SeqRows([7] * q, ctx, engine.blocks.block_table(sid)) for sid in sids])
+    graphs.upload()
+    seconds = b.timed(lambda: graphs.run(b_pad), iters=5 if b.tiny else 30, warmup=2 if b.tiny else 10)
+    for sid in sids:
+        engine.truncate(sid, ctx)
+    return seconds
+
+
+def _eager_step(b: Bench, engine: TorchEngine, sids: list[int], ctx: int, q: int) -> float:
+    def step() -> None:
+        engine.forward([ForwardInput(sid, [7] * q, q) for sid in sids])
+        for sid in sids:
+            engine.truncate(sid, ctx)
+
+    return b.timed(step, iters=3 if b.tiny else 10, warmup=1 if b.tiny else 3)
+
+
+def ratios(b: Bench, graph_ms: dict[tuple, float]) -> None:
+    ctx = b.contexts[0]
+    for batch in b.batches:
+        ms = {
+            name: (graph_ms.get((name, ctx, batch, 1)), graph_ms.get((name, ctx, batch, 5))) for name in QWEN
+        }
+        row: dict[str, Any] = {"section": "ratios", "ctx": ctx, "batch": batch}
+        for name, (decode, verify) in ms.items():
+            if decode and verify:
+                row[f"verify_over_decode_{name}"] = round(verify / decode, 3)
+        for draft, target in (("0.5b", "7b"), ("1.5b", "7b"), ("0.5b", "1.5b")):
+            if ms[draft][0] and ms[target][0]:
+                row[f"c_{draft}_{target}"] = round(ms[draft][0] / ms[target][0], 3)  # type: ignore[operator]
+        b.emit(**row)
+
+
+# -- 4-6: generation ------------------------------------------------------------------------------
+
+
+def prompts(b: Bench, batch: int, vocab: int) -> list[list[int]]:
+    rng = random.Random(batch)
+    return [[rng.randrange(vocab) for _ in range(16 if b.tiny else 64)] for _ in range(batch)]
+
+
+class Generation:
+    """Sequences decoded by ``GraphRound`` rounds, as the runner would drive them."""
+
+    def __init__(
+        self, graphs: GraphRound, drafter: ModelDrafter | None, batch_prompts: list[list[int]]
+    ) -> None:
+        self.graphs, self.drafter = graphs, drafter
+        target = graphs.target
+        self.tokens: list[list[int]] = []
+        self.computed: list[int] = []
+        self.sids = list(range(700_000, 700_000 + len(batch_prompts)))
+        for sid, prompt in zip(self.sids, batch_prompts):
+            target.add_sequence(sid, target.max_context)
+            first = int(target.forward([ForwardInput(sid, prompt, 1)])[0][-1].argmax())
+            if drafter is not None:
+                drafter.add_sequence(sid, target.max_context)
+                drafter.engine.forward([ForwardInput(sid, prompt, 0)])
+            self.tokens.append([*prompt, first])
+            self.computed.append(len(prompt))
+        self.prompt_len = [len(p) for p in batch_prompts]
+        self.rounds = 0
+
+    def output(self, i: int) -> list[int]:
+        return self.tokens[i][self.prompt_len[i] :]
+
+    def round(self, k: int) -> None:
+        greedy = SamplingParams()
+        steps = [
+            SeqStep(sid, list(toks), n, len(toks), k, greedy)
+            for sid, toks, n in zip(self.sids, self.tokens, self.computed)
+        ]
+        rollback = self.drafter.rollback if self.drafter is not None else (lambda s, n: None)
+        result = self.graphs.run(steps, [k] * len(steps), rollback)
+        for i, sid in enumerate(self.sids):
+            r = result.results[sid]
+            self.tokens[i].extend(r.new_token_ids)
+            self.computed[i] = r.num_computed
+        self.rounds += 1
+
+    def free(self) -> None:
+        for sid in self.sids:
+            self.graphs.target.free(sid)
+            if self.drafter is not None:
+                self.drafter.free(sid)
+
+
+def plain(b: Bench, target: TorchEngine, batch: int) -> tuple[float, list[list[int]]]:
+    graphs = GraphRound(target, None, max_k=0, sizes=b.sizes, capture=True)
+    gen = Generation(graphs, None, prompts(b, batch, target.vocab_size))
+    gen.round(0)  # captures
+    b.sync()
+    t = time.perf_counter()
+    while len(gen.output(0)) < b.tokens:
+        gen.round(0)
+    seconds = time.perf_counter() - t
+    made = sum(len(gen.output(i)) - 2 for i in range(batch))
+    outputs = [gen.output(i) for i in range(batch)]
+    gen.free()
+    b.emit(section="plain", path="graph", batch=batch, tok_s=round(made / seconds, 1))
+    return made / seconds, outputs
+
+
+def plain_eager(b: Bench, target: TorchEngine) -> None:
+    sid, prompt = 600_000, prompts(b, 1, target.vocab_size)[0]
+    target.add_sequence(sid, target.max_context)
+    token = int(target.forward([ForwardInput(sid, prompt, 1)])[0][-1].argmax())
+    n = min(b.tokens, 64)
+    t = time.perf_counter()
+    for _ in range(n):
+        token = int(target.forward([ForwardInput(sid, [token], 1)])[0][-1].argmax())
+    b.emit(section="plain", path="eager", batch=1, tok_s=round(n / (time.perf_counter() - t), 1))
+    target.free(sid)
+
+
+def speculative(b: Bench, target: TorchEngine, drafter: ModelDrafter, k: int, a: float | None,
+                reference: list[int], plain_tok_s: float, label: str) -> None:  # fmt: skip
+    """Batch 1. ``a`` None: the draft's own proposals; else the plain run's token at each position,
+    kept with probability ``a`` (else a wrong one), written over the draft's on the device."""
+    graphs = GraphRound(target, drafter, max_k=k, sizes=b.sizes, capture=True)
+    gen = Generation(graphs, drafter, prompts(b, 1, target.vocab_size))
+    rng = random.Random(int(1000 * (a or 1)) + k)
+    staged = torch.zeros(1, k, dtype=torch.int64, pin_memory=b.cuda)
+    vocab = drafter.engine.vocab_size
+
+    def override(drafts: torch.Tensor) -> None:
+        done = len(gen.output(0))
+        for i in range(k):
+            right = reference[done + i] if done + i < len(reference) else 0
+            staged[0, i] = right if rng.random() < a else (right + 1) % vocab  # type: ignore[operator]
+        drafts.copy_(staged[:, : drafts.shape[1]], non_blocking=True)
+
+    if a is not None:
+        graphs.draft_override = override
+    gen.round(k)  # captures
+    b.sync()
+    start_tokens, start_rounds = len(gen.output(0)), gen.rounds
+    t = time.perf_counter()
+    while len(gen.output(0)) < b.tokens:
+        gen.round(k)
+    seconds = time.perf_counter() - t
+    out = gen.output(0)
+    made, rounds = len(out) - start_tokens, gen.rounds - start_rounds
+    n = min(len(out), len(reference))
+    expected = (1 - a ** (k + 1)) / (1 - a) if a is not None else None
+    b.emit(section="spec", draft=label, k=k, a=a, tok_s=round(made / seconds, 1),
+           speedup=round(made / seconds / plain_tok_s, 3), tokens_per_round=round(made / rounds, 3),
+           expected_tokens_per_round=None if expected is None else round(expected, 3),
+           match_rate=round(sum(x == y for x, y in zip(out[:n], reference[:n])) / n, 4))  # fmt: skip
+    gen.free()
+
+
+def table(b: Bench) -> None:
+    print("\n== summary ==")
+    for row in b.rows:
+        if row["section"] in ("copy", "ratios", "plain", "spec") or (
+            row["section"] == "step" and "graph_ms" in row
+        ):
+            print("  ".join(f"{k}={v}" for k, v in row.items() if k != "t_s"))
+    print(f"total {time.perf_counter() - b.t0:.1f} s")
+
+
+def main() -> None:
+    b = Bench(ARGS)
+    name = torch.cuda.get_device_name(0) if b.cuda else "cpu"
+    import triton
+
+    b.emit(section="env", device=name, torch=torch.__version__, triton=triton.__version__, tiny=b.tiny)
+    copy_gbs = copy_ceiling(b)
+    kernel_check(b)
+    max_ctx = max(b.contexts) + 2 * b.tokens + 128
+    kv_mb = 64 if b.tiny else 6144
+    engines = {n: b.engine(n, i, max_ctx, kv_mb if n == "7b" else kv_mb / 4) for i, n in enumerate(QWEN)}
+    graph_ms = step_costs(b, engines, copy_gbs)
+    ratios(b, graph_ms)
+    target, draft = engines["7b"], engines["0.5b"]
+    plain_tok_s, outputs = plain(b, target, 1)
+    if b.time_left(20):
+        plain(b, target, max(b.batches[:2]))
+    plain_eager(b, target)
+    drafter = ModelDrafter(draft)
+    for k in b.ks:
+        for a in b.accepts:
+            if b.time_left(12):
+                speculative(b, target, drafter, k, a, outputs[0], plain_tok_s, "0.5b")
+            else:
+                b.emit(section="spec", draft="0.5b", k=k, a=a, skipped="time budget")
+    if b.time_left(20):
+        # the same weights with a KV pool of their own
+        self_draft = TorchEngine(target.model, num_blocks=target.blocks.num_blocks,
+                                 block_size=target.block_size, max_context=target.max_context)  # fmt: skip
+        speculative(b, target, ModelDrafter(self_draft), 4, None, outputs[0], plain_tok_s, "7b-self")
+    table(b)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The CUDA-graph round (runners/graph_round.py) with ``capture=False``: the same static buffers and
+step functions run eagerly on CPU. Greedy output equals target-only decoding with the graph path
+taken; one round's drafts, tokens and caches equal the eager round's; padding, trash slots and
+block-table rows are staged from the block managers every round; which rounds stay eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import (
+    byte_tokenizer,
+    reference_greedy,
+    repeating_prompts,
+    run_to_completion,
+    tiny_engine,
+    tokens_of,
+)
+from trispec.config import SchedulerConfig
+from trispec.detokenize import StopTextTracker
+from trispec.drafters.base import DraftRequest
+from trispec.drafters.model_drafter import ModelDrafter
+from trispec.engine.base import ForwardInput
+from trispec.engine.cuda_graphs import SeqRows, StepGraphs
+from trispec.llm_engine import LLMEngine
+from trispec.request import GenerationRequest
+from trispec.runners.graph_round import GraphRound, graph_round_for
+from trispec.runners.torch_runner import TorchSpecRunner
+from trispec.sampling_params import SamplingParams
+from trispec.scheduler import Scheduler
+from trispec.step import SeqStep
+
+MAX_CONTEXT = 128
+SIZES = (1, 2, 4, 8)
+
+
+def drafter_of(kind: str, target) -> ModelDrafter:
+    if kind == "self":  # bf16 copy of the target that takes the target's keys and values
+        return ModelDrafter(tiny_engine(0, dtype="bfloat16", max_context=MAX_CONTEXT), kv_source=target)
+    return ModelDrafter(tiny_engine(7, max_context=MAX_CONTEXT))
+
+
+def graph_llm(kind: str, max_k: int = 4, **config: object) -> tuple[LLMEngine, GraphRound, list[int]]:
+    """An LLMEngine whose runner takes the graph path when it can; the list counts graph rounds."""
+    target = tiny_engine(0, max_context=MAX_CONTEXT)
+    drafter = drafter_of(kind, target)
+    graphs = GraphRound(target, drafter, max_k=max_k, sizes=SIZES, capture=False)
+    rounds: list[int] = []
+    run = graphs.run
+
+    def counted(steps, ks, rollback):
+        rounds.append(len(steps))
+        return run(steps, ks, rollback)
+
+    graphs.run = counted  # type: ignore[method-assign]
+    runner = TorchSpecRunner(target, drafter, graphs)
+    tokenizer = byte_tokenizer()
+    config.setdefault("adaptive_speculation", False)
+    scheduler = Scheduler(
+        runner,
+        SchedulerConfig(max_num_draft_tokens=max_k, **config),
+        encode=tokenizer.encode,
+        make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
+        eos_ids=tokenizer.eos_ids,
+    )
+    return LLMEngine(scheduler, runner), graphs, rounds
+
+
+@pytest.mark.parametrize("kind", ["model", "self"])
+def test_graph_path_output_equals_target_greedy(kind: str) -> None:
+    prompts = repeating_prompts(6, seed=3)
+    references = [reference_greedy(p, 24) for p in prompts]
+    # a small prefill budget: prompt chunks ride along in some steps (those rounds run eagerly)
+    llm, graphs, rounds = graph_llm(kind, max_prefill_tokens_per_step=12)
+    ids = [
+        llm.add_request(
+            GenerationRequest(prompt_token_ids=p, max_tokens=24, num_draft_tokens=[0, 2, 4][i % 3])
+        )
+        for i, p in enumerate(prompts)
+    ]
+    outputs = run_to_completion(llm)
+    assert [tokens_of(outputs[rid]) for rid in ids] == references
+    assert len(rounds) > 5 and max(rounds) > 1  # the graph path ran, batched
+    assert llm.stats.steps > len(rounds)  # and the eager path took the prompt chunks
+    if kind == "self":  # a bf16 copy agrees nearly always: long accepted runs, both caches cut back
+        assert llm.stats.acceptance_rate > 0.5
+    assert graphs.target.kv_usage().used_blocks == 0
+    assert graphs.drafter is not None and graphs.drafter.engine.kv_usage().used_blocks == 0
+
+
+def prefilled():
+    """Target and draft engines with three prompts cached, the draft one token behind (as after a
+    round), and the decode steps of the next round."""
+    target = tiny_engine(0, max_context=MAX_CONTEXT)
+    draft = tiny_engine(0, dtype="bfloat16", max_context=MAX_CONTEXT)  # agrees often: drafts get accepted
+    prompts = [[3, 1, 4, 1, 5], list(range(30, 45)), [9, 2, 6, 5, 3, 5, 8, 9]]
+    greedy = SamplingParams()
+    steps = []
+    for i, p in enumerate(prompts):
+        target.add_sequence(i, MAX_CONTEXT)
+        draft.add_sequence(i, MAX_CONTEXT)
+        last = int(target.forward([ForwardInput(i, p, 1)])[0][-1].argmax())
+        draft.forward([ForwardInput(i, p[:-1] if i == 1 else p, 0)])  # seq 1's draft lacks 2 tokens
+        steps.append(SeqStep(i, [*p, last], len(p), len(p) + 1, [3, 1, 2][i], greedy))
+    return target, ModelDrafter(draft), steps
+
+
+def test_one_graph_round_equals_the_eager_round() -> None:
+    target, drafter, steps = prefilled()
+    twin_target, twin_drafter, _ = prefilled()
+    graphs = GraphRound(target, drafter, max_k=4, sizes=SIZES, capture=False)
+    seen: list[torch.Tensor] = []
+    graphs.draft_override = lambda drafts: seen.append(drafts.clone())  # look, do not touch
+    ks = graphs.ks_for(steps, drafting_off=False)
+    assert ks == [3, 1, 2]
+    graphed = graphs.run(steps, ks, drafter.rollback)
+
+    requests = [DraftRequest(s.seq_id, s.token_ids, 3, s.sampling, None) for s in steps]
+    eager_drafts = [p.tokens for p in twin_drafter.propose(requests)]  # the round drafts max k for all
+    for s in steps:
+        twin_drafter.rollback(s.seq_id, s.num_computed)
+    assert seen[0][:3].tolist() == eager_drafts
+    eager_runner = TorchSpecRunner(twin_target, twin_drafter)
+    eager_runner._generators = {s.seq_id: None for s in steps}
+    eager_runner._drafting = {s.seq_id for s in steps}
+    eager = eager_runner._round(steps)
+    assert graphed.results == eager.results
+    assert any(r.num_accepted for r in graphed.results.values())
+    for s in steps:
+        assert target.cached_length(s.seq_id) == twin_target.cached_length(s.seq_id)
+        # the graph drafted max k for every sequence: its draft cache may keep one verified token more
+        kept = drafter.engine.cached_length(s.seq_id)
+        assert twin_drafter.engine.cached_length(s.seq_id) <= kept <= graphed.results[s.seq_id].num_computed
+
+
+def test_staging_pads_to_the_trash_block_and_rewrites_block_tables() -> None:
+    engine = tiny_engine(0, max_context=MAX_CONTEXT)
+    graphs = StepGraphs(engine, rows=3, logits=3, sizes=SIZES, capture=False)
+    pointers = [t.data_ptr() for t in (graphs.buffers.tokens, graphs.buffers.block_tables)]
+    trash_slot = engine.trash_block * engine.block_size
+    engine.add_sequence(0, MAX_CONTEXT)
+    engine.blocks.append(0, 20)  # 3 blocks of 8
+    table = list(engine.blocks.block_table(0))
+    b_pad = graphs.stage([SeqRows([1, 2], 18, table), SeqRows([], 0, []), SeqRows([7], 4, table)])
+    h = graphs.host
+    assert b_pad == 4
+    assert h.block_tables[0, :3].tolist() == table
+    assert set(h.block_tables[0, 3:].tolist()) == {engine.trash_block}
+    assert h.slots[:3].tolist() == [table[2] * 8 + 2, table[2] * 8 + 3, trash_slot]  # row 2: padding
+    assert h.seq_lens[:4].tolist() == [20, 0, 5, 0] and h.q_lens[:4].tolist() == [2, 0, 1, 0]
+    assert h.slots[6].tolist() == table[0] * 8 + 4
+    # a padding sequence, the rows past a sequence's q_len, and the padded batch: the trash slot
+    assert set(h.slots[3:6].tolist() + h.slots[7:12].tolist()) == {trash_slot}
+    assert set(h.block_tables[3].tolist()) == {engine.trash_block}
+    # rolled back to one block, whose blocks go to another sequence: nothing stale survives
+    engine.truncate(0, 6)
+    engine.add_sequence(1, MAX_CONTEXT)
+    engine.blocks.append(1, 16)
+    graphs.stage(
+        [SeqRows([5], 6, engine.blocks.block_table(0)), SeqRows([6], 15, engine.blocks.block_table(1))]
+    )
+    assert h.block_tables[0, 1:].tolist() == [engine.trash_block] * (graphs.max_blocks - 1)
+    # the freed blocks, reused by the other sequence
+    assert h.block_tables[1, :2].tolist() == engine.blocks.block_table(1) == table[1:]
+    graphs.upload()
+    graphs.run(2)
+    assert [t.data_ptr() for t in (graphs.buffers.tokens, graphs.buffers.block_tables)] == pointers
+
+
+def test_rounds_that_stay_eager() -> None:
+    target, drafter, steps = prefilled()
+    graphs = GraphRound(target, drafter, max_k=2, sizes=(1, 2), capture=False)
+
+    def one(**change: object) -> list[SeqStep]:
+        fields = {f: getattr(steps[0], f) for f in SeqStep.__dataclass_fields__}
+        return [SeqStep(**{**fields, "num_draft_tokens": 1, **change})]  # type: ignore[arg-type]
+
+    assert graphs.ks_for(one(), False) == [1]
+    assert graphs.ks_for(one(), True) == [0]  # drafting off: the target's graphs alone
+    assert graphs.ks_for(one(num_draft_tokens=3), False) is None  # past max_k
+    assert graphs.ks_for(one(sampling=SamplingParams(temperature=0.7)), False) is None
+    assert graphs.ks_for(one(sampling=SamplingParams(return_log_probs=True)), False) is None
+    assert graphs.ks_for(one(sampling=SamplingParams(repetition_penalty=1.2)), False) is None
+    assert graphs.ks_for(one(feed_to=3), False) is None  # a prompt chunk
+    assert graphs.ks_for(one(num_computed=3), False) is None  # feeds more than its last token
+    assert graphs.ks_for([*one(), *one(seq_id=1), *one(seq_id=2)], False) is None  # past the largest size
+    beyond = [*steps[0].token_ids[:-1], drafter.engine.vocab_size]
+    assert graphs.ks_for(one(token_ids=beyond), False) is None  # a token the draft cannot embed
+    drafter.engine.truncate(0, 2)  # the draft cache 4 tokens behind: a catch-up
+    assert graphs.ks_for(one(), False) is None
+    assert graph_round_for(target, drafter, 4) is None  # a CPU target: no graph path
+
+
+def test_a_failing_graph_round_falls_back_to_eager_for_good() -> None:
+    prompt = repeating_prompts(1, seed=5)[0]
+    llm, graphs, _ = graph_llm("model")
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("simulated graph failure")
+
+    graphs.run = broken  # type: ignore[method-assign]
+    rid = llm.add_request(GenerationRequest(prompt_token_ids=prompt, max_tokens=12, num_draft_tokens=2))
+    assert tokens_of(run_to_completion(llm)[rid]) == reference_greedy(prompt, 12)
+    assert llm.runner.graphs is None  # type: ignore[attr-defined]
+
+
+def test_adaptive_speculation_learns_the_graph_rounds_costs() -> None:
+    llm, graphs, _ = graph_llm("self", adaptive_speculation=True)
+    timed: list[tuple[float, float]] = []  # drafting graph rounds: (draft s, verify s)
+    run = graphs.run
+
+    def timed_run(steps, ks, rollback):  # type: ignore[no-untyped-def]
+        result = run(steps, ks, rollback)
+        if any(ks):
+            timed.append((result.draft_time_s, result.verify_time_s))
+        return result
+
+    graphs.run = timed_run  # type: ignore[method-assign]
+    learned: list[tuple[float, float | None]] = []
+    controller = llm.scheduler.controller  # type: ignore[attr-defined]
+    record = controller.record_step
+
+    def spy(ks, draft_s, verify_s, *rest):  # type: ignore[no-untyped-def]
+        learned.append((draft_s, verify_s))
+        return record(ks, draft_s, verify_s, *rest)
+
+    controller.record_step = spy
+    for p in repeating_prompts(4, seed=9):
+        llm.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=32, num_draft_tokens=4))
+    run_to_completion(llm)
+    assert timed and all(d > 0 and v > 0 for d, v in timed)
+    assert set(timed) <= set(learned)  # every drafting graph round's timing reached the cost model
+    assert controller.cost is not None
