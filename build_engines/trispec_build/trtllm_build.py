@@ -129,7 +129,7 @@ def check_tensorrt_llm(examples_dir: Path, archs: dict[str, Arch]) -> None:
     if shutil.which("trtllm-build") is None:
         raise BuildError(
             "trtllm-build is not on PATH: this TensorRT-LLM has no engine builder (releases after 1.2.x are "
-            "PyTorch-backend only; see the README for the LLM-API files specdec-build writes for those)"
+            "PyTorch-backend only; docs/tensorrt-llm.md: the LLM-API files specdec-build writes for those)"
         )
     for arch in set(archs.values()):
         script = convert_script(examples_dir, arch)

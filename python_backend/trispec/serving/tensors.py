@@ -1,6 +1,6 @@
 """The served model's tensors: NVIDIA's ``tensorrt_llm_bls`` contract, plus our own outputs.
 
-One table drives the generated config.pbtxt, the parsing of requests and the README's tensor table, so
+One table drives the generated config.pbtxt, the parsing of requests and docs/serving.md's tensor table, so
 the three never drift. Every input and output of the BLS model (TensorRT-LLM
 ``triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/config.pbtxt``) is declared with its
 dtype and dims, so a BLS client never meets "unexpected inference input/output". Each is either the
