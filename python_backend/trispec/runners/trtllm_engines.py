@@ -248,6 +248,42 @@ def max_context(
     return context_limit(draft, target, num_draft_tokens, chunked_context=chunked_context)[0]
 
 
+def refusal(length: int, target: EngineInfo, draft: EngineInfo | None, chunked_context: bool) -> str | None:
+    """Why a sequence of ``length`` tokens cannot be sent (None: it can). Sent, TensorRT-LLM would fail
+    it (over max_input_len) or every request in flight with it (a context over max_num_tokens without
+    chunked context): the runner fails it alone instead."""
+    for role, engine in (("target", target), ("draft", draft)):
+        if engine is None:
+            continue
+        if length > engine.max_input_len:
+            return f"{length} tokens exceed the {role} engine's max_input_len ({engine.max_input_len})"
+        if not chunked_context and engine.max_num_tokens is not None and length > engine.max_num_tokens:
+            return (
+                f"a context of {length} tokens does not fit the {role} engine's max_num_tokens "
+                f"({engine.max_num_tokens}) with trtllm.chunked_context off"
+            )
+    return None
+
+
+def draft_room(
+    length: int, wanted: int, target: EngineInfo, draft: EngineInfo | None, chunked_context: bool
+) -> int:
+    """How many of ``wanted`` drafts TensorRT-LLM would keep for a sequence of ``length`` tokens
+    (``LlmRequest::validate`` cuts drafts past max_input_len and lowers max_tokens past max_seq_len,
+    config.json's value), so that what is counted as drafted is what was verified."""
+    room = min(
+        wanted,
+        target.max_draft_len,
+        target.max_input_len - length,
+        (target.max_seq_len - length - 1) // 2,  # prompt + (k + 1) new + k drafts
+    )
+    if not chunked_context and target.max_num_tokens is not None:
+        room = min(room, target.max_num_tokens - length)
+    if draft is not None:
+        room = min(room, draft.max_seq_len - length)
+    return max(room, 0)
+
+
 def engine_weight_bytes(path: Path) -> int:
     """What one GPU holds of an engine's weights: its largest ``rank<r>.engine`` file (each rank of a
     tensor-parallel engine runs on its own GPU); 0 when the directory has none."""

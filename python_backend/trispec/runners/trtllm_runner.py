@@ -25,15 +25,12 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
 
 from trispec.config import SpecDecConfig
-from trispec.drafters.base import Drafter, DraftRequest
-from trispec.runners.trtllm_engines import EngineInfo, context_limit
+from trispec.drafters.base import Drafter
+from trispec.runners.trtllm_drafting import NO_END_ID, Draft, TrtllmDrafting
+from trispec.runners.trtllm_engines import EngineInfo, context_limit, draft_room, refusal
 from trispec.runners.trtllm_executor import Completion, TrtllmExecutor
-from trispec.runners.trtllm_sampling import draft_logits_for_acceptance
 from trispec.sampling_params import SamplingParams
 from trispec.step import KVUsage, SeqResult, SeqStep, StepPlan, StepResult
 
@@ -42,7 +39,6 @@ logger = logging.getLogger(__name__)
 # A round of requests that takes longer than this is cancelled (a stuck executor must not hang the
 # server); generous, since a cold long prompt prefills inside the round.
 ROUND_TIMEOUT_S = 600.0
-NO_END_ID = -1  # TensorRT-LLM's "no end token" (validate accepts [-1, vocab))
 
 
 @dataclass
@@ -52,12 +48,6 @@ class _Seq:
     num_computed: int = 0
     rounds: int = 0
     base_seed: int = field(default_factory=lambda: secrets.randbits(63))
-
-
-@dataclass
-class _Draft:
-    tokens: list[int]
-    logits: Any = None  # [len(tokens), vocab] for TensorRT-LLM's p/q check, when sampled
 
 
 class TrtllmSpecRunner:
@@ -76,12 +66,12 @@ class TrtllmSpecRunner:
         draft_logits: bool = True,
         chunked_context: bool = True,
     ) -> None:
-        if draft is not None and drafter is not None:
-            raise ValueError("either a draft engine or a model-free drafter, not both")
+        self.drafting = TrtllmDrafting(
+            draft, drafter, target_info.vocab_size, draft_logits=draft_logits, pad_id=pad_id
+        )
         self.target, self.target_info = target, target_info
         self.draft, self.draft_info, self.drafter = draft, draft_info, drafter
         self.end_id, self.pad_id = end_id, pad_id
-        self.draft_logits = draft_logits
         self.chunked_context = chunked_context
         self.kv_tokens = kv_tokens
         self._max_context, self.max_context_note = context_limit(
@@ -96,6 +86,15 @@ class TrtllmSpecRunner:
         from trispec.runners.trtllm_setup import start_runner
 
         return start_runner(cls, config)
+
+    @property
+    def draft_logits(self) -> bool:
+        """Whether sampled requests' drafts go with logits (``trtllm.draft_logits``)."""
+        return self.drafting.draft_logits
+
+    @draft_logits.setter
+    def draft_logits(self, value: bool) -> None:
+        self.drafting.draft_logits = value
 
     # -- admission ---------------------------------------------------------------------------
     @property
@@ -165,49 +164,23 @@ class TrtllmSpecRunner:
             else:
                 results[step.seq_id] = self._failed(step, refusal)
         t0 = time.perf_counter()
-        drafts, failed = self._draft(decodes)
+        wanted = {s.seq_id: self._draft_room(s) for s in decodes}
+        seeds = {s.seq_id: self._seed(s) for s in decodes}
+        drafts, failed = self.drafting.propose(decodes, wanted, seeds, ROUND_TIMEOUT_S)
         t1 = time.perf_counter()
-        results.update(failed)
+        for s in decodes:
+            if s.seq_id in failed:
+                results[s.seq_id] = self._failed(s, failed[s.seq_id])
         results.update(self._verify([s for s in decodes if s.seq_id not in failed], drafts))
         return StepResult(results, t1 - t0, time.perf_counter() - t1)
 
     def _refusal(self, step: SeqStep) -> str | None:
-        """A sequence the engines cannot take is failed here, alone: sent, TensorRT-LLM would fail
-        it (over max_input_len) or every request in flight with it (a context over max_num_tokens
-        without chunked context). The scheduler's context limit keeps requests from getting here."""
-        length = len(step.token_ids)
-        for role, engine in (("target", self.target_info), ("draft", self.draft_info)):
-            if engine is None:
-                continue
-            if length > engine.max_input_len:
-                return f"{length} tokens exceed the {role} engine's max_input_len ({engine.max_input_len})"
-            if (
-                not self.chunked_context
-                and engine.max_num_tokens is not None
-                and length > engine.max_num_tokens
-            ):
-                return (
-                    f"a context of {length} tokens does not fit the {role} engine's max_num_tokens "
-                    f"({engine.max_num_tokens}) with trtllm.chunked_context off"
-                )
-        return None
+        # the scheduler's context limit keeps requests from getting here
+        return refusal(len(step.token_ids), self.target_info, self.draft_info, self.chunked_context)
 
     def _draft_room(self, step: SeqStep) -> int:
-        """Drafts TensorRT-LLM would keep for this sequence (``LlmRequest::validate`` cuts drafts past
-        max_input_len and lowers max_tokens past max_seq_len, config.json's value), so that what is
-        counted as drafted is what was verified."""
-        length, target = len(step.token_ids), self.target_info
-        room = min(
-            step.num_draft_tokens,
-            target.max_draft_len,
-            target.max_input_len - length,
-            (target.max_seq_len - length - 1) // 2,  # prompt + (k + 1) new + k drafts
-        )
-        if not self.chunked_context and target.max_num_tokens is not None:
-            room = min(room, target.max_num_tokens - length)
-        if self.draft_info is not None:
-            room = min(room, self.draft_info.max_seq_len - length)
-        return max(room, 0)
+        length, info = len(step.token_ids), self.target_info
+        return draft_room(length, step.num_draft_tokens, info, self.draft_info, self.chunked_context)
 
     def _seed(self, step: SeqStep) -> int:
         # every round is a new request: derive its seed from the request's and the position, so a
@@ -223,75 +196,13 @@ class TrtllmSpecRunner:
             return NO_END_ID
         return self.end_id if self.end_id in ends else min(ends)
 
-    def _draft(self, decodes: Sequence[SeqStep]) -> tuple[dict[int, _Draft], dict[int, SeqResult]]:
-        wanted = {s.seq_id: self._draft_room(s) for s in decodes}
-        drafting = [s for s in decodes if wanted[s.seq_id] > 0]
-        drafts: dict[int, _Draft] = {}
-        failed: dict[int, SeqResult] = {}
-        if self.drafter is not None:
-            requests = [
-                DraftRequest(s.seq_id, s.token_ids, wanted[s.seq_id], s.sampling, None) for s in drafting
-            ]
-            for s, proposal in zip(drafting, self.drafter.propose(requests)):
-                tokens = list(proposal.tokens)[: wanted[s.seq_id]]
-                drafts[s.seq_id] = _Draft(tokens, self._one_hot_logits(s, tokens))
-            return drafts, failed
-        if self.draft is None or not drafting:
-            return drafts, failed
-        ids: dict[int, SeqStep] = {}
-        for s in drafting:
-            try:
-                rid = self.draft.submit(
-                    list(s.token_ids),
-                    wanted[s.seq_id],
-                    sampling=s.sampling,
-                    seed=self._seed(s),
-                    end_id=NO_END_ID,  # an end token is proposed like any other: the target judges it
-                    pad_id=self.pad_id,
-                    client_id=s.seq_id,
-                    return_logits=self._sends_logits(s),
-                )
-            except Exception as exc:
-                failed[s.seq_id] = self._failed(s, f"draft request refused: {exc}")
-                continue
-            ids[rid] = s
-        for rid, done in self.draft.collect(list(ids), ROUND_TIMEOUT_S).items():
-            s = ids[rid]
-            if done.error is not None:
-                failed[s.seq_id] = self._failed(s, f"draft engine: {done.error}")
-                continue
-            tokens = done.tokens[: wanted[s.seq_id]]
-            logits = None
-            if self._sends_logits(s) and tokens:
-                if done.logits is None:
-                    failed[s.seq_id] = self._failed(s, "draft engine returned no generation logits")
-                    continue
-                rows = _logits_2d(done.logits)[: len(tokens)]
-                logits = draft_logits_for_acceptance(rows, s.sampling, self.vocab_size)
-            drafts[s.seq_id] = _Draft(tokens, logits)
-        return drafts, failed
-
-    def _sends_logits(self, step: SeqStep) -> bool:
-        # greedy verification is exact token matching: logits would change nothing
-        return self.draft_logits and not step.sampling.greedy
-
-    def _one_hot_logits(self, step: SeqStep, tokens: list[int]) -> torch.Tensor | None:
-        """A model-free draft is deterministic: its q is one-hot, which TensorRT-LLM's p/q rule turns
-        into "accept with probability p(d), else draw from p without d" (lossless); ids alone would
-        get its biased token-match rule."""
-        if not self._sends_logits(step) or not tokens:
-            return None
-        logits = torch.full((len(tokens), self.vocab_size), float("-inf"))
-        logits[torch.arange(len(tokens)), torch.as_tensor(tokens)] = 0.0
-        return logits
-
-    def _verify(self, decodes: Sequence[SeqStep], drafts: dict[int, _Draft]) -> dict[int, SeqResult]:
+    def _verify(self, decodes: Sequence[SeqStep], drafts: dict[int, Draft]) -> dict[int, SeqResult]:
         results: dict[int, SeqResult] = {}
-        ids: dict[int, tuple[SeqStep, _Draft, int]] = {}
+        ids: dict[int, tuple[SeqStep, Draft, int]] = {}
         for s in decodes:
             draft = drafts.get(s.seq_id)
             if draft is None or not draft.tokens:
-                draft = _Draft([])  # never an empty external draft: TensorRT-LLM asserts on one
+                draft = Draft([])  # never an empty external draft: TensorRT-LLM asserts on one
             end_id = self._end_id(s)
             try:
                 rid = self.target.submit(
@@ -335,8 +246,3 @@ class TrtllmSpecRunner:
     def _failed(self, step: SeqStep, error: str) -> SeqResult:
         logger.error("request %d failed: %s", step.seq_id, error)
         return SeqResult(step.seq_id, num_computed=step.num_computed, error=error)
-
-
-def _logits_2d(logits: Any) -> Any:
-    """Generation logits come back as ``[beams, max_tokens, vocab]`` (or ``[tokens, vocab]``): beam 0."""
-    return logits[0] if getattr(logits, "dim", lambda: 2)() == 3 else logits
