@@ -29,3 +29,7 @@ class ConfigError(InvalidInputError):
 
 class CapacityError(RuntimeError):
     """The KV-cache pool cannot hold what was asked for."""
+
+
+class TritonServerError(RuntimeError):
+    """tritonserver could not be found, started, or did not become ready."""
