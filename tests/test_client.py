@@ -641,7 +641,8 @@ def test_grpc_stream_errors_end_the_request_with_a_typed_error(
     ]
     received = []
     with pytest.raises(SpecDecError) as info:
-        for chunk in SpecDecClient("h:1", timeout_s=5).stream("x"):
+        # resume off: a cut stream (UNAVAILABLE) ends in its error, as before resuming existed
+        for chunk in SpecDecClient("h:1", timeout_s=5, resume=False).stream("x"):
             received.append(chunk.text)
     assert received == ["a"]
     assert type(info.value) is kind
@@ -751,13 +752,24 @@ class FakeClient:
     outcome: ClassVar[list[StreamChunk] | SpecDecError] = []
     made: ClassVar[list[FakeClient]] = []
 
-    def __init__(self, url: str | None, protocol: str, model: str, timeout_s: float, retries: int) -> None:
+    def __init__(
+        self,
+        url: str | None,
+        protocol: str,
+        model: str,
+        timeout_s: float,
+        retries: int,
+        resume: bool,
+        resume_timeout_s: float,
+    ) -> None:
         self.init = {
             "url": url,
             "protocol": protocol,
             "model": model,
             "timeout_s": timeout_s,
             "retries": retries,
+            "resume": resume,
+            "resume_timeout_s": resume_timeout_s,
         }
         self.calls: list[tuple[str, str, dict[str, Any]]] = []
         self.closed_early = False
@@ -822,6 +834,8 @@ def test_cli_streams_text_then_summary_on_stderr(fake_client: type[FakeClient]) 
         "model": "specdec",
         "timeout_s": 9.0,
         "retries": 3,
+        "resume": True,
+        "resume_timeout_s": 60.0,
     }
     name, prompt, kwargs = client.calls[0]
     assert (name, prompt) == ("stream", "Capital?")
@@ -853,7 +867,9 @@ def test_cli_json_prints_one_object(fake_client: type[FakeClient]) -> None:
             "acceptance_rate": 0.75,
             "mean_accepted_length": 3.25,
             "mean_num_draft_tokens": 3.0,
+            "resumed": 0,
         },
+        "seed": None,
     }
 
 
@@ -958,3 +974,107 @@ def test_no_retry_past_the_deadline_for_bad_input_or_once_text_arrived() -> None
     received.append(next(stream))
     stream.close()  # leaving early closes the attempt (cancels the request), and sends nothing again
     assert received == [StreamChunk("a", 1)] and attempts.closed == 1 and len(attempts.given) == 1
+
+
+# ---------------------------------------------------------------- resuming a cut stream (no server)
+
+
+def text_digest_of(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_a_cut_stream_is_sent_again_with_its_seed_and_the_tokens_to_skip() -> None:
+    from trispec_client.resume import StreamResume, text_digest
+
+    state = StreamResume(GenerationRequest("Hi", max_tokens=8, temperature=0.8))
+    assert state.request().skip_output_tokens is None and not state.started
+    state.take(StreamChunk("Bon", 2, seed=77))
+    state.take(StreamChunk("jour", 3))
+    state.cut(SpecDecConnectionError("Stream removed"))
+    again = state.request()
+    assert (again.seed, again.skip_output_tokens, again.temperature) == (77, 3, 0.8)
+    # the resumed stream confirms the skipped text, then carries on; the final chunk says resumed: 1
+    state.take(StreamChunk(" à", 5, skipped_text_sha256=text_digest("Bonjour")))
+    final = state.take(StreamChunk("", 5, final=True, finish_reason="length", stats=STATS))
+    assert final.stats is not None and final.stats.resumed == 1 and state.text == "Bonjour à"
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        StreamChunk(" à", 5, skipped_text_sha256=text_digest_of("Bonsoir")),  # other text
+        StreamChunk(" à", 5),  # no confirmation at all
+        StreamChunk(" à", 5, seed=78, skipped_text_sha256=text_digest_of("Bonjour")),  # other seed
+        StreamChunk(" à", 2, skipped_text_sha256=text_digest_of("Bonjour")),  # fewer tokens
+    ],
+)
+def test_a_resumed_stream_that_differs_is_never_spliced(first: StreamChunk) -> None:
+    from trispec_client.errors import SpecDecResumeError
+    from trispec_client.resume import StreamResume
+
+    state = StreamResume(GenerationRequest("Hi", temperature=0.8))
+    state.take(StreamChunk("Bonjour", 3, seed=77))
+    state.cut(SpecDecConnectionError("Stream removed"))
+    with pytest.raises(SpecDecResumeError):
+        state.take(first)
+    assert state.text == "Bonjour"
+
+
+REFUSED = "failed to connect to all addresses; Connection refused"
+
+
+@pytest.mark.parametrize(
+    ("error", "started", "reached", "cut"),
+    [
+        (SpecDecConnectionError("Stream removed (Socket closed)"), False, False, True),
+        (SpecDecError("Stub process 'specdec_0_0' is not healthy."), False, False, True),
+        (
+            SpecDecConnectionError("connection failed: ('Connection broken: IncompleteRead(0 bytes read)')"),
+            True,
+            True,
+            True,
+        ),
+        (SpecDecConnectionError(REFUSED), True, True, True),
+        # a server this client had answers from is restarting; an address never reached is not waited for
+        (SpecDecConnectionError(REFUSED), False, True, True),
+        (SpecDecConnectionError(REFUSED), False, False, False),
+        # a refusal for now of a new request is retried and raised as ever, not waited for
+        (make_error(QUEUE_FULL, "UNAVAILABLE"), False, True, False),
+        (make_error(QUEUE_FULL, "UNAVAILABLE"), True, True, True),  # a resume meeting a busy server
+        (InvalidRequestError("top_p: must be in (0, 1]"), True, True, False),
+        (SpecDecTimeoutError("no final response within 1 s"), True, True, False),
+        (SpecDecError("generation failed: boom", "INTERNAL"), True, True, False),
+    ],
+)
+def test_which_failures_are_resumed(error: SpecDecError, started: bool, reached: bool, cut: bool) -> None:
+    from trispec_client.resume import is_cut
+
+    assert is_cut(error, started=started, reached=reached) is cut
+
+
+def test_cli_resumes_by_default_and_no_resume_turns_it_off(fake_client: type[FakeClient]) -> None:
+    _run_cli(["generate", "Capital?"])
+    _run_cli(["generate", "Capital?", "--no-resume", "--resume-timeout", "5"])
+    assert [(c.init["resume"], c.init["resume_timeout_s"]) for c in fake_client.made] == [
+        (True, 60.0),
+        (False, 5.0),
+    ]
+    assert cli.main(["generate", "x", "--resume-timeout", "0"]) == 2
+
+
+def test_waiting_for_a_server_to_come_back_is_bounded() -> None:
+    from trispec_client.resume import pauses, wait_until_ready
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, not listening: every readiness probe is refused
+        port = sock.getsockname()[1]
+        for protocol in ("http", "grpc"):
+            client = SpecDecClient(f"127.0.0.1:{port}", protocol=protocol)  # type: ignore[arg-type]
+            start = time.monotonic()
+            with pytest.raises(SpecDecConnectionError, match=r"not ready again within 1\.5 s"):
+                wait_until_ready(
+                    client._model_ready, start, 1.5, pauses(), SpecDecConnectionError("Stream removed")
+                )
+            assert 1.0 < time.monotonic() - start < 2.5

@@ -384,3 +384,70 @@ def test_reports_carry_each_sequences_first_token_and_inter_token_latency(served
     inter_token = [s for r in metrics.reports for s in r.inter_token_s]
     assert len(ttft) == 4 and all(0 < s <= elapsed for s in ttft)
     assert len(inter_token) == 3 and all(0 <= s <= elapsed / 11 for s in inter_token)  # not the 1-token one
+
+
+class ResumeMetrics(RecordingMetrics):
+    def __init__(self) -> None:
+        super().__init__()
+        self.resumed = 0
+
+    def record_resumed(self) -> None:
+        self.resumed += 1
+
+
+def test_a_resumed_stream_sends_only_the_text_after_the_skipped_tokens_and_confirms_them() -> None:
+    """skip_output_tokens N (a stream resumed after the server cut it): every token is generated again,
+    only the text after the first N is sent, and the first response carries the SHA-256 of the text
+    of those N, which is the text a client streaming the same request had at N. Checked at every
+    response of a plain-decoding stream (one token per round), resumed with k=4 and a drafter with
+    the target's weights (every draft accepted: five tokens a round), so that N falls inside a
+    round; log-probs and num_output_tokens cover the sent tokens, cum_log_probs all."""
+    import hashlib
+
+    metrics = ResumeMetrics()
+    loop = ServingLoop(spec_engine(tiny_engine(0), model_drafter(0)), metrics)
+    loop.start()
+    try:
+        kw = {"max_tokens": 24, "return_log_probs": True}
+        whole = RecordingSink()
+        submit(loop, PROMPTS[0], whole, num_draft_tokens=0, **kw)
+        wait(whole)
+        boundaries, text = [], ""
+        for tensors, final in whole.responses:
+            text += tensors["text_output"][0].decode()
+            if not final:
+                boundaries.append((int(tensors["output_token_count"][0, 0]), text))
+        assert len(boundaries) >= 5
+        for count, delivered in boundaries:
+            sink = RecordingSink()
+            request = GenerationRequest(prompt=PROMPTS[0], num_draft_tokens=4, skip_output_tokens=count, **kw)
+            loop.submit(
+                ParsedRequest(request, stream=True, exclude_input_in_output=False, resumed=True), sink
+            )
+            wait(sink)
+            first = sink.responses[0][0]
+            assert (
+                first["skipped_text_sha256"][0, 0].decode() == hashlib.sha256(delivered.encode()).hexdigest()
+            )
+            assert all("skipped_text_sha256" not in t for t, _ in sink.responses[1:])
+            assert delivered + sink.text == whole.text, count
+            assert sink.final["output_token_count"][0, 0] == 24
+            assert sink.final["accepted_tokens"][0, 0] > 0  # rounds of several tokens
+            sent = sum(t["output_log_probs"].size for t, _ in sink.responses)
+            assert sent == 24 - count
+            assert sink.final["cum_log_probs"][0, 0] == pytest.approx(whole.final["cum_log_probs"][0, 0])
+        assert metrics.resumed == len(boundaries)
+    finally:
+        loop.stop()
+
+
+def test_a_sampled_sequence_says_its_seed_on_its_first_response_only(served) -> None:
+    loop = served[0]
+    sampled, greedy = RecordingSink(), RecordingSink()
+    submit(loop, PROMPTS[1], sampled, max_tokens=16, temperature=0.8, seed=2**63 + 7, num_draft_tokens=2)
+    submit(loop, PROMPTS[1], greedy, max_tokens=16, num_draft_tokens=2)
+    wait(sampled, greedy)
+    seeds = [t.get("sampling_seed") for t, _ in sampled.responses]
+    assert seeds[0] is not None and seeds[0].dtype == np.uint64 and seeds[0][0, 0] == 2**63 + 7
+    assert len(seeds) > 1 and all(s is None for s in seeds[1:])
+    assert all("sampling_seed" not in t for t, _ in greedy.responses)

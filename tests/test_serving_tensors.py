@@ -284,6 +284,8 @@ def test_response_tensors_follow_the_output_table() -> None:
         perf=PerfMetrics(10, 20, 30, 40, 3),
         num_input_tokens=6,
         num_output_tokens=2,
+        seed=2**63 + 1,
+        skipped_text_sha256="ab" * 32,
     )
     declared = {s.name for s in OUTPUTS}
     never_sent = {s.name for s in OUTPUTS if s.status == "refused"}
@@ -298,6 +300,8 @@ def test_response_tensors_follow_the_output_table() -> None:
     assert final["arrival_time_ns"].dtype == np.int64 and final["last_token_time_ns"][0, 0] == 40
     assert final["kv_cache_alloc_total_blocks"][0, 0] == 3 and final["kv_cache_reused_blocks"][0, 0] == 0
     assert (final["num_input_tokens"][0, 0], final["num_output_tokens"][0, 0]) == (6, 2)
+    assert final["sampling_seed"].dtype == np.uint64 and final["sampling_seed"][0, 0] == 2**63 + 1
+    assert final["skipped_text_sha256"][0, 0] == b"ab" * 32
     assert final["draft_tokens"][0, 0] == 6 and final["accepted_tokens"][0, 0] == 4
     assert final["total_draft_tokens"][0, 0] == 6 and final["total_accepted_draft_tokens"][0, 0] == 4
     assert final["verify_rounds"][0, 0] == 3
@@ -361,3 +365,60 @@ def test_oversized_text_input_is_refused_before_decoding() -> None:
     # invalid UTF-8 past the limit: refused on size, never decoded
     with pytest.raises(InvalidInputError, match="max_prompt_bytes"):
         parse_inputs({"text_input": np.array([[b"\xff" * 200]], dtype=object)}.get, DEFAULTS, 100)
+
+
+def test_a_sampled_request_without_a_seed_gets_one_and_a_greedy_one_none() -> None:
+    """So that it can be resumed exactly: the seed is returned in its first response (sampling_seed)."""
+    first, second = (parse(text_input="x", temperature=np.array([[0.8]], dtype=np.float32)) for _ in "ab")
+    assert isinstance(first.generation.seed, int) and 0 <= first.generation.seed < 2**63
+    assert first.generation.seed != second.generation.seed
+    assert first.generation.sampling.seeded
+    assert parse(text_input="x").generation.seed is None  # greedy: nothing to seed
+    given = parse(text_input="x", temperature=np.array([[0.8]], dtype=np.float32), seed=np.array([[9]]))
+    assert given.generation.seed == 9
+
+
+def test_skip_output_tokens_resumes_only_what_can_be_resumed_exactly() -> None:
+    sampled = {"temperature": np.array([[0.8]], dtype=np.float32), "stream": np.array([[True]])}
+    skip = {"skip_output_tokens": np.array([[5]], dtype=np.int32)}
+    resumed = parse(text_input="x", seed=np.array([[3]], dtype=np.uint64), **sampled, **skip)
+    assert resumed.generation.skip_output_tokens == 5 and resumed.resumed and resumed.generation.seed == 3
+    greedy = parse(text_input="x", stream=np.array([[True]]), **skip)
+    assert greedy.generation.skip_output_tokens == 5 and greedy.resumed
+    plain = parse(text_input="x")
+    assert plain.generation.skip_output_tokens == 0 and not plain.resumed
+    # 0 skips nothing: a stream cut before its first token, sent again (counted as resumed)
+    nothing = parse(text_input="x", skip_output_tokens=np.array([[0]], dtype=np.int32), **sampled)
+    assert (
+        nothing.resumed and nothing.generation.skip_output_tokens == 0 and nothing.generation.seed is not None
+    )
+    refused = [
+        ({**sampled, **skip}, "unseeded sampled request cannot be resumed"),
+        ({**skip}, "needs stream=true"),
+        (
+            {**skip, "stream": np.array([[True]]), "num_return_sequences": np.array([[2]])},
+            "num_return_sequences 1",
+        ),
+        ({"skip_output_tokens": np.array([[-1]], dtype=np.int32)}, "must be >= 0"),
+    ]
+    for values, why in refused:
+        with pytest.raises(InvalidInputError, match=why) as error:
+            parse(text_input="x", **values)
+        assert error.value.field == "skip_output_tokens"
+    # where the model cannot promise the same tokens again, any skip is refused, saying why
+    given = tensors(text_input="x", stream=np.array([[True]]), **skip)
+    with pytest.raises(InvalidInputError, match="not supported: the GPU path") as error:
+        parse_inputs(given.get, DEFAULTS, resume_refusal="the GPU path is not batch-invariant")
+    assert error.value.field == "skip_output_tokens"
+
+
+def test_exact_resumption_is_refused_on_trtllm_and_on_cuda() -> None:
+    from trispec.config import EngineConfig, load_config
+    from trispec.serving.triton_model import exact_resume_refusal
+
+    config = load_config(None)
+    assert exact_resume_refusal(config) is None
+    trtllm = config.model_copy(update={"engine": EngineConfig(kind="trtllm")})
+    assert "engine.kind trtllm" in exact_resume_refusal(trtllm)
+    cuda = config.model_copy(update={"target": config.target.model_copy(update={"device": "cuda:1"})})
+    assert "target.device is cuda:1" in exact_resume_refusal(cuda)

@@ -6,6 +6,7 @@ from trispec_client.errors import (
     SpecDecConnectionError,
     SpecDecError,
     SpecDecOverloadedError,
+    SpecDecResumeError,
     SpecDecTimeoutError,
 )
 from trispec_client.request import GenerationRequest
@@ -22,6 +23,7 @@ __all__ = [
     "SpecDecConnectionError",
     "SpecDecError",
     "SpecDecOverloadedError",
+    "SpecDecResumeError",
     "SpecDecTimeoutError",
     "SpeculationStats",
     "StreamChunk",

@@ -24,6 +24,7 @@ from trispec_client.client import (
 )
 from trispec_client.errors import InvalidRequestError, SpecDecError, SpecDecTimeoutError
 from trispec_client.results import Completion, StreamChunk, collect
+from trispec_client.resume import DEFAULT_RESUME_TIMEOUT_S
 
 PROG = "specdec-client"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -82,6 +83,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="send a request the server refused for now (full queue) or could not take again, up to N "
         f"times within the deadline (default: {DEFAULT_RETRIES})",
     )
+    gen.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="resume a stream the server cut (it crashed or restarted) exactly where it stopped, with the "
+        "same seed; a resumed stream that differs ends in an error, never a spliced text (default); "
+        "--no-resume: such a stream ends in an error",
+    )
+    gen.add_argument(
+        "--resume-timeout",
+        type=_seconds,
+        default=DEFAULT_RESUME_TIMEOUT_S,
+        metavar="SECONDS",
+        help="per resume: how long to wait for the model to be ready again "
+        f"(default: {DEFAULT_RESUME_TIMEOUT_S:g})",
+    )
     gen.add_argument("--json", action="store_true", help="print one JSON object at the end instead of text")
     return parser
 
@@ -93,12 +110,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def summary(completion: Completion) -> str:
     """The one-line stderr summary: tokens, finish reason, speculation totals."""
     head = f"{completion.token_count} tokens, {completion.finish_reason or 'unknown'}"
+    if completion.seed is not None:
+        head += f", seed {completion.seed}"
     s = completion.stats
     if s is None:
         return f"[{head}]"
+    resumed = f"; resumed {s.resumed}" if s.resumed else ""
     return (
         f"[{head}; drafted {s.draft_tokens}, accepted {s.accepted_tokens} ({s.acceptance_rate:.0%}), "
-        f"mean accepted length {s.mean_accepted_length:.2f}]"
+        f"mean accepted length {s.mean_accepted_length:.2f}{resumed}]"
     )
 
 
@@ -113,7 +133,13 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         "stop_words": args.stop,
     }
     client = SpecDecClient(
-        args.url, protocol=args.protocol, model=args.model, timeout_s=args.timeout, retries=args.retries
+        args.url,
+        protocol=args.protocol,
+        model=args.model,
+        timeout_s=args.timeout,
+        retries=args.retries,
+        resume=args.resume,
+        resume_timeout_s=args.resume_timeout,
     )
     with client:
         if args.stream:

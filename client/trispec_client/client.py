@@ -9,9 +9,17 @@ from collections.abc import Callable, Generator, Iterable
 from types import TracebackType
 from typing import Literal
 
-from trispec_client.errors import SpecDecError
+from trispec_client.errors import SpecDecError, SpecDecTimeoutError
 from trispec_client.request import GenerationRequest
 from trispec_client.results import Completion, StreamChunk, collect
+from trispec_client.resume import (
+    DEFAULT_RESUME_TIMEOUT_S,
+    StreamResume,
+    is_cut,
+    pauses,
+    refusal_of_resend,
+    wait_until_ready,
+)
 
 Protocol = Literal["grpc", "http"]
 PROTOCOLS: tuple[Protocol, ...] = ("grpc", "http")
@@ -48,6 +56,12 @@ class SpecDecClient:
     server refused it for now, :class:`~trispec_client.errors.SpecDecOverloadedError`, or could not be
     reached) is sent again up to ``retries`` times, with growing pauses, while the deadline allows;
     the last error is raised. Nothing is retried once text has arrived.
+    With ``resume`` (the default), a stream the server cut (it crashed or restarted) is resumed
+    exactly (``trispec_client.resume``): the client waits for the model to be ready again, at most
+    ``resume_timeout_s`` per resume with growing pauses, sends the request again with the same seed
+    and ``skip_output_tokens``, checks that what the server skipped is what was delivered (else
+    :class:`~trispec_client.errors.SpecDecResumeError`) and carries on; the caller sees one stream,
+    whose final chunk says ``stats.resumed``. Time spent resuming extends the deadline.
     Inputs left at ``None`` (or empty) are not sent, so the server's defaults apply.
     Thread-safe: every request opens its own gRPC stream / HTTP connection.
     """
@@ -59,6 +73,8 @@ class SpecDecClient:
         model: str = DEFAULT_MODEL,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retries: int = DEFAULT_RETRIES,
+        resume: bool = True,
+        resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
@@ -66,6 +82,11 @@ class SpecDecClient:
         self.model = model
         self.timeout_s = check_timeout(timeout_s)
         self.retries = check_retries(retries)
+        self.resume = bool(resume)
+        self.resume_timeout_s = check_timeout(resume_timeout_s)
+        # a response came from this server before: a refused connection now means it is restarting,
+        # not a wrong address, so a new request waits for it too
+        self._reached = False
         self.url = url or DEFAULT_URLS[protocol]
         if protocol == "http":
             from trispec_client.http_transport import make_pool
@@ -161,6 +182,8 @@ class SpecDecClient:
         return self.timeout_s if timeout_s is None else check_timeout(timeout_s)
 
     def _send(self, request: GenerationRequest, timeout_s: float) -> Generator[StreamChunk, None, None]:
+        if self.resume:
+            return self._resuming(request, timeout_s)
         return _with_retries(lambda left_s: self._attempt(request, left_s), timeout_s, self.retries)
 
     def _attempt(self, request: GenerationRequest, timeout_s: float) -> Generator[StreamChunk, None, None]:
@@ -172,6 +195,56 @@ class SpecDecClient:
         from trispec_client.grpc_transport import stream_grpc
 
         return stream_grpc(self.url, self.model, request, timeout_s)
+
+    def _resuming(self, request: GenerationRequest, timeout_s: float) -> Generator[StreamChunk, None, None]:
+        """The request's chunks as one stream, resumed after every cut (see the class docstring)."""
+        state = StreamResume(request)
+        deadline = time.monotonic() + timeout_s
+        resuming_since: float | None = None  # when the stream being resumed was cut
+        credited = 0.0  # when the deadline was last moved for the time spent resuming
+        waits = pauses()
+        while True:
+            now = time.monotonic()
+            if resuming_since is not None:  # time spent waiting for the server does not count
+                deadline, credited = deadline + now - credited, now
+            left = deadline - now
+            if left <= 0:
+                raise SpecDecTimeoutError(f"no final response within {timeout_s:g} s")
+            if state.resumed == 0:  # the first send: refusals for now are retried as ever
+                chunks = _with_retries(lambda s: self._attempt(request, s), timeout_s, self.retries)
+            else:  # the server first generates again what it skips: that may take a resume's time
+                chunks = self._attempt(state.request(), left + self.resume_timeout_s)
+            try:
+                for chunk in chunks:
+                    delivered = state.take(chunk)
+                    self._reached = True
+                    if resuming_since is not None:
+                        deadline += time.monotonic() - credited
+                        resuming_since, waits = None, pauses()
+                    yield delivered
+                    if chunk.final:
+                        return
+                return
+            except SpecDecError as exc:
+                if state.resumed and refusal_of_resend(exc):
+                    raise state.refused(exc) from exc
+                if not is_cut(exc, started=state.started, reached=self._reached):
+                    raise
+                if resuming_since is None:
+                    resuming_since = credited = time.monotonic()
+                state.cut(exc)
+                wait_until_ready(self._model_ready, resuming_since, self.resume_timeout_s, waits, exc)
+            finally:
+                chunks.close()  # leaving early cancels the request on the server
+
+    def _model_ready(self, timeout_s: float) -> bool:
+        if self.protocol == "http":
+            from trispec_client.http_transport import model_ready
+
+            return model_ready(self._pool, self._prefix, self.model, timeout_s)
+        from trispec_client.grpc_transport import model_ready as grpc_model_ready
+
+        return grpc_model_ready(self.url, self.model, timeout_s)
 
 
 def _with_retries(

@@ -10,6 +10,7 @@ INVALID_ARGUMENT = "INVALID_ARGUMENT"
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 UNAVAILABLE = "UNAVAILABLE"
 UNKNOWN = "UNKNOWN"
+ABORTED = "ABORTED"
 
 _HTTP_TO_STATUS = {
     400: INVALID_ARGUMENT,
@@ -39,6 +40,7 @@ INPUT_NAMES = (
     "bad_words",
     "stream",
     "exclude_input_in_output",
+    "skip_output_tokens",
 )
 _FIELD_PREFIX = re.compile(rf"^\s*({'|'.join(INPUT_NAMES)}):")
 
@@ -89,6 +91,15 @@ class SpecDecConnectionError(SpecDecError, ConnectionError):
 
     def __init__(self, message: str, http_status: int | None = None) -> None:
         super().__init__(message, UNAVAILABLE, http_status)
+
+
+class SpecDecResumeError(SpecDecError):
+    """A stream the server cut could not be resumed exactly: the re-sent stream differs from what was
+    delivered (a spliced text is never delivered), the server refused to resume it, or it was cut
+    too often. The text delivered before the cut is all there is."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, ABORTED)
 
 
 class SpecDecOverloadedError(SpecDecConnectionError):

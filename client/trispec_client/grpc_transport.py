@@ -139,3 +139,18 @@ def _enqueue(
     error: InferenceServerException | None,
 ) -> None:
     responses.put((result, error))
+
+
+def model_ready(url: str, model: str, timeout_s: float) -> bool:
+    """Whether Triton says the model is ready (gRPC ``ModelReady``; a resuming client waits for it);
+    anything else, an unreachable server included, is not ready."""
+    try:
+        client = grpcclient.InferenceServerClient(url)
+    except Exception:
+        return False
+    try:
+        return bool(client.is_model_ready(model, client_timeout=timeout_s))
+    except Exception:
+        return False
+    finally:
+        client.close()

@@ -183,3 +183,15 @@ def _convert(exc: Exception, timeout_s: float) -> SpecDecError:
 def _sse_payloads(body: bytes) -> list[str]:
     parser = SSEParser()
     return parser.feed(body) + parser.close()
+
+
+def model_ready(pool: urllib3.HTTPConnectionPool, prefix: str, model: str, timeout_s: float) -> bool:
+    """Whether ``/v2/models/<model>/ready`` says 200 (a resuming client waits for it); anything else,
+    an unreachable server included, is not ready."""
+    try:
+        response = pool.urlopen(
+            "GET", f"{prefix}/v2/models/{model}/ready", timeout=timeout_s, retries=False, redirect=False
+        )
+    except Exception:
+        return False
+    return response.status == 200

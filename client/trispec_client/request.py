@@ -30,6 +30,7 @@ _SCALAR_TYPES: dict[str, str] = {
     "end_id": "INT32",
     "stream": "BOOL",
     "exclude_input_in_output": "BOOL",
+    "skip_output_tokens": "INT32",
 }
 _NUMPY_TYPES = {
     "INT32": np.int32,
@@ -65,12 +66,16 @@ class GenerationRequest:
     bad_words: tuple[str, ...] = field(default=())
     stream: bool = True
     exclude_input_in_output: bool | None = None
+    # a resumed stream (trispec_client.resume): the server generates these first tokens again without
+    # sending their text
+    skip_output_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
             raise InvalidRequestError(f"text_input: must be a string, got {type(self.prompt).__name__}")
         for name in ("max_tokens", "num_draft_tokens", "top_k", "end_id"):
             _check_int(name, getattr(self, name), _INT32)
+        _check_int("skip_output_tokens", self.skip_output_tokens, (0, _INT32[1]))
         _check_int("seed", self.seed, _UINT64)
         for name in ("temperature", "top_p"):
             _check_float(name, getattr(self, name))

@@ -29,6 +29,8 @@ class SpeculationStats:
     mean_accepted_length: float
     # the mean k planned per round: adaptive speculation's choice (0.0 from servers without it)
     mean_num_draft_tokens: float = 0.0
+    # times the stream was cut by the server and resumed by this client (trispec_client.resume)
+    resumed: int = 0
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,10 @@ class StreamChunk:
     final: bool = False
     finish_reason: str | None = None
     stats: SpeculationStats | None = None
+    # the seed a sampled request draws with (the server's choice when it had none): on its first response
+    seed: int | None = None
+    # a resumed request's first response: the SHA-256 (hex) of the text of the tokens it skipped
+    skipped_text_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,8 @@ class Completion:
     token_count: int
     finish_reason: str | None
     stats: SpeculationStats | None
+    # the seed a sampled request drew with (None: greedy); send it again to get the same text
+    seed: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,6 +74,8 @@ def chunk_from_outputs(
     text = _scalar(outputs.get("text_output"))
     count = _scalar(outputs.get("output_token_count"))
     reason = _scalar(outputs.get("finish_reason"))
+    seed = _scalar(outputs.get("sampling_seed"))
+    skipped = _scalar(outputs.get("skipped_text_sha256"))
     stats = None
     if any(outputs.get(name) is not None for name in _STAT_FIELDS):
         # a partial set still yields stats; missing totals read as 0 rather than hiding the others
@@ -84,6 +94,8 @@ def chunk_from_outputs(
         final=final,
         finish_reason=None if reason is None else _text(reason),
         stats=stats,
+        seed=None if seed is None else int(seed),
+        skipped_text_sha256=None if skipped is None else _text(skipped),
     )
 
 
@@ -91,12 +103,14 @@ def collect(chunks: Iterable[StreamChunk]) -> Completion:
     """Join a stream's chunks into a completion (the final chunk's reason and stats)."""
     parts: list[str] = []
     last: StreamChunk | None = None
+    seed = None
     for chunk in chunks:
         parts.append(chunk.text)
         last = chunk
+        seed = chunk.seed if seed is None else seed
     if last is None:
         return Completion(text="", token_count=0, finish_reason=None, stats=None)
-    return Completion("".join(parts), last.token_count, last.finish_reason, last.stats)
+    return Completion("".join(parts), last.token_count, last.finish_reason, last.stats, seed)
 
 
 def _scalar(value: Any) -> Any:

@@ -1,5 +1,6 @@
 """The OpenAI-compatible routes (FastAPI): ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
-and ``/health`` (200 while Triton says the model is ready, else 503: for load balancers).
+``/health`` (200 while Triton says the model is ready, else 503: for load balancers) and ``/metrics``
+(Prometheus text: ``specdec_resumed_streams_total``, the generations resumed after Triton cut them).
 
 Bodies are read and validated here rather than by FastAPI's body parameters, so that every failure,
 malformed JSON included, is answered in OpenAI's error shape with 400 (FastAPI's own would be 422).
@@ -18,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from trispec_openai.errors import OpenAIError, invalid
 from trispec_openai.formats import ChatFormat, CompletionFormat
@@ -57,6 +58,16 @@ def _error_response(error: OpenAIError) -> JSONResponse:
     # overload is retryable: the model refused within its queue delay, so a second later may succeed
     headers = {"Retry-After": "1"} if error.status in (429, 503) else None
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def metrics_text(generator: TritonGenerator) -> str:
+    """The endpoint's own metrics, in Prometheus' text format."""
+    name = "specdec_resumed_streams_total"
+    return (
+        f"# HELP {name} Generations Triton cut (stub or server died) that this endpoint resumed\n"
+        f"# TYPE {name} counter\n"
+        f'{name}{{model="{generator.model}"}} {generator.resumed_total}\n'
+    )
 
 
 def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_model: str) -> FastAPI:
@@ -109,6 +120,10 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
     async def get_model(name: str) -> dict[str, Any]:
         check_model(name)
         return model_card()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return PlainTextResponse(metrics_text(generator), media_type="text/plain; version=0.0.4")
 
     @app.get("/health")
     async def health() -> Response:

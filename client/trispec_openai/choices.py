@@ -24,6 +24,8 @@ class Delta:
     tokens: tuple[str, ...] = ()
     logprobs: tuple[float, ...] = ()
     offsets: tuple[int, ...] = ()  # each token's character offset in the choice's text
+    # the seed the choice samples with, on the piece that first said it
+    seed: int | None = None
 
 
 @dataclass
@@ -38,6 +40,8 @@ class Choice:
     finish_reason: str | None = None
     stats: SpeculationStats | None = None
     prompt_tokens: int | None = None
+    # the seed it samples with (the server's choice when the request had none); None: greedy
+    seed: int | None = None
 
     def add(self, piece: Piece, tokenizer: ServedTokenizer) -> Delta:
         tokens = tokenizer.split(piece.text, len(piece.logprobs))
@@ -54,7 +58,9 @@ class Choice:
         self.finish_reason = piece.finish_reason or self.finish_reason
         self.stats = piece.stats or self.stats
         self.prompt_tokens = piece.prompt_tokens if piece.prompt_tokens is not None else self.prompt_tokens
-        return Delta(piece.text, tuple(tokens), piece.logprobs, tuple(offsets))
+        new_seed = piece.seed if self.seed is None else None
+        self.seed = self.seed if self.seed is not None else piece.seed
+        return Delta(piece.text, tuple(tokens), piece.logprobs, tuple(offsets), new_seed)
 
 
 def usage(choices: list[Choice], prompts: list[str], tokenizer: ServedTokenizer) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import sys
 
 import uvicorn
 from trispec.errors import ConfigError
+from trispec_client.resume import DEFAULT_RESUME_TIMEOUT_S
 
 from trispec_openai.app import create_app
 from trispec_openai.tokens import ServedTokenizer
@@ -34,6 +35,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--request-timeout", type=float, default=600.0, help="seconds a generation may take (gRPC deadline)"
     )
+    parser.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="resume a generation Triton cut (its stub or server died and was restarted) exactly, so the "
+        "client sees one uninterrupted answer (default); --no-resume: answer it with an error",
+    )
+    parser.add_argument(
+        "--resume-timeout",
+        type=float,
+        default=DEFAULT_RESUME_TIMEOUT_S,
+        help="per resume: seconds to wait for the model to be ready again",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser.parse_args(argv)
 
@@ -46,7 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"specdec-openai: {exc}", file=sys.stderr)
         return 2
-    generator = TritonGenerator(args.triton_url, args.model, args.request_timeout)
+    generator = TritonGenerator(
+        args.triton_url,
+        args.model,
+        args.request_timeout,
+        resume=args.resume,
+        resume_timeout_s=args.resume_timeout,
+    )
     served = args.served_model_name or args.model
     app = create_app(generator, tokenizer, served)
     print(

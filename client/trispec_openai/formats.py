@@ -1,5 +1,9 @@
 """The JSON OpenAI clients expect: whole responses and stream chunks, for completions and for chat.
 
+A sampled choice also says its ``seed`` (the server's choice when the request had none; sending it
+back gives the same text): on the choice, and for the first choice at the top as well, in the whole
+response and in the chunk that first carries it.
+
 Log-probs: completions give ``tokens``/``token_logprobs``/``text_offset`` (``top_logprobs`` null), chat
 gives ``content: [{token, logprob, bytes, top_logprobs: []}]``; alternatives are never produced.
 """
@@ -51,18 +55,20 @@ class CompletionFormat:
     def response(self, choices: list[Choice], usage: dict[str, Any]) -> dict[str, Any]:
         body = self._envelope(
             [
-                {
-                    "index": c.index,
-                    "text": c.text,
-                    "logprobs": self._logprobs(c.tokens, c.logprobs, c.offsets),
-                    "finish_reason": finish_reason(c.finish_reason),
-                }
+                _seeded(
+                    {
+                        "index": c.index,
+                        "text": c.text,
+                        "logprobs": self._logprobs(c.tokens, c.logprobs, c.offsets),
+                        "finish_reason": finish_reason(c.finish_reason),
+                    },
+                    c.seed,
+                )
                 for c in choices
             ],
             self.object_name,
         )
-        body["usage"] = usage
-        return body
+        return _with_seed(body, choices, usage)
 
     def opening(self, index: int) -> dict[str, Any] | None:
         return None  # completions stream text from the first chunk on
@@ -74,7 +80,7 @@ class CompletionFormat:
             "logprobs": self._logprobs(delta.tokens, delta.logprobs, delta.offsets),
             "finish_reason": finish_reason(reason),
         }
-        return self._envelope([choice], self.object_name)
+        return _chunk_seed(self._envelope([_seeded(choice, delta.seed)], self.object_name), index, delta)
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         body = self._envelope([], self.object_name)
@@ -101,18 +107,20 @@ class ChatFormat(CompletionFormat):
     def response(self, choices: list[Choice], usage: dict[str, Any]) -> dict[str, Any]:
         body = self._envelope(
             [
-                {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self._content_logprobs(c.tokens, c.logprobs),
-                    "finish_reason": finish_reason(c.finish_reason),
-                }
+                _seeded(
+                    {
+                        "index": c.index,
+                        "message": {"role": "assistant", "content": c.text},
+                        "logprobs": self._content_logprobs(c.tokens, c.logprobs),
+                        "finish_reason": finish_reason(c.finish_reason),
+                    },
+                    c.seed,
+                )
                 for c in choices
             ],
             self.object_name,
         )
-        body["usage"] = usage
-        return body
+        return _with_seed(body, choices, usage)
 
     def opening(self, index: int) -> dict[str, Any] | None:
         # OpenAI's first chunk of each choice names the role, with empty content
@@ -131,9 +139,30 @@ class ChatFormat(CompletionFormat):
             "logprobs": self._content_logprobs(delta.tokens, delta.logprobs),
             "finish_reason": finish_reason(reason),
         }
-        return self._envelope([choice], "chat.completion.chunk")
+        body = self._envelope([_seeded(choice, delta.seed)], "chat.completion.chunk")
+        return _chunk_seed(body, index, delta)
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         body = self._envelope([], "chat.completion.chunk")
         body["usage"] = usage
         return body
+
+
+def _seeded(choice: dict[str, Any], seed: int | None) -> dict[str, Any]:
+    if seed is not None:
+        choice["seed"] = seed
+    return choice
+
+
+def _with_seed(body: dict[str, Any], choices: list[Choice], usage: dict[str, Any]) -> dict[str, Any]:
+    first = next((c for c in choices if c.index == 0), None)
+    if first is not None and first.seed is not None:
+        body["seed"] = first.seed
+    body["usage"] = usage
+    return body
+
+
+def _chunk_seed(body: dict[str, Any], index: int, delta: Delta) -> dict[str, Any]:
+    if index == 0 and delta.seed is not None:
+        body["seed"] = delta.seed
+    return body

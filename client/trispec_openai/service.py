@@ -150,7 +150,7 @@ class Call:
                 index, piece = item
                 choice = self.choices[index]
                 delta = choice.add(piece, self.tokenizer)
-                if delta.text or delta.logprobs or piece.final:
+                if delta.text or delta.logprobs or delta.seed is not None or piece.final:
                     reason = choice.finish_reason if piece.final else None
                     yield sse(self.fmt.chunk(index, delta, reason))
                 item = await anext(self._merged, None)

@@ -5,20 +5,29 @@ carries the text verified in one round (and its tokens' log-probs), which both k
 built from. The request side of the gRPC stream stays open until the final response arrives; closing
 the reader early (the HTTP client went away, a sibling choice failed) cancels the call, which cancels
 the request in the model.
+
+A stream the server cut (its stub or tritonserver died and the supervisor restarted it) is resumed
+as ``trispec_client`` resumes one (``trispec_client.resume``): wait until the model is ready again
+(at most ``resume_timeout_s`` per resume, growing pauses), send the request again with its seed and
+``skip_output_tokens``, check that what the server skipped is what was already produced, carry on.
+The OpenAI client sees one uninterrupted answer; each resume counts in ``resumed_total``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as aiogrpc
+from trispec_client.errors import SpecDecError, SpecDecResumeError
 from trispec_client.grpc_transport import infer_inputs, response_outputs
 from trispec_client.request import GenerationRequest
 from trispec_client.results import SpeculationStats, chunk_from_outputs
+from trispec_client.resume import DEFAULT_RESUME_TIMEOUT_S, StreamResume, looks_cut, pauses
 from tritonclient.utils import InferenceServerException
 
 from trispec_openai.errors import OpenAIError, from_model_message, from_rpc_error
@@ -40,6 +49,24 @@ class Piece:
     stats: SpeculationStats | None = None
     # the prompt's length in tokens, from servers that send num_input_tokens
     prompt_tokens: int | None = None
+    # the seed a sampled request draws with (on its first response; the server's choice if it had none)
+    seed: int | None = None
+    # a resumed request's first response: the SHA-256 of the text of the tokens it skipped
+    skipped_text_sha256: str | None = None
+
+
+class _Cut(Exception):
+    """The server cut the stream (or is restarting); ``error`` is what to answer if it is not resumed."""
+
+    def __init__(self, error: OpenAIError, started: bool = True) -> None:
+        super().__init__(error.message)
+        self.error = error
+        # the request reached a server: a cut before that (nothing listening) is not resumed
+        self.started = started
+
+
+def _as_error(error: OpenAIError) -> SpecDecError:
+    return SpecDecError(error.message)
 
 
 def _ints(value: np.ndarray | None) -> int | None:
@@ -57,10 +84,23 @@ def scalar_input(name: str, value: bool | float) -> aiogrpc.InferInput:
 class TritonGenerator:
     """Generations over one gRPC channel to Triton, shared by every HTTP request."""
 
-    def __init__(self, url: str, model: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        timeout_s: float,
+        resume: bool = True,
+        resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
+    ) -> None:
         self.url = url
         self.model = model
         self.timeout_s = timeout_s
+        self.resume = resume
+        self.resume_timeout_s = resume_timeout_s
+        # streams cut by the server and resumed (the endpoint's specdec_resumed_streams_total)
+        self.resumed_total = 0
+        # Triton answered before: a refused connection now means it is restarting (wait for it)
+        self._reached = False
         self._client: aiogrpc.InferenceServerClient | None = None
         self._inputs: frozenset[str] | None = None
 
@@ -103,8 +143,68 @@ class TritonGenerator:
         request_id: str,
         extra: Sequence[tuple[str, float]] = (),
     ) -> AsyncIterator[Piece]:
-        """The request's pieces up to the final one; raises ``OpenAIError`` on any failure. ``extra``:
-        FP32 inputs beside the request's own (penalties)."""
+        """The request's pieces up to the final one, resumed after every cut when ``resume`` is on;
+        raises ``OpenAIError`` on any failure. ``extra``: FP32 inputs beside the request's own
+        (penalties)."""
+        state = StreamResume(request)
+        resuming_since: float | None = None
+        waits = pauses()
+        while True:
+            attempt = self._attempt(state.request(), logprobs, request_id, extra)
+            try:
+                async for piece in attempt:
+                    try:
+                        delivered = state.take(piece)
+                    except SpecDecResumeError as exc:
+                        raise OpenAIError(502, str(exc.message), code="resume_failed") from None
+                    resuming_since, self._reached = None, True
+                    yield delivered
+                    if piece.final:
+                        return
+                return
+            except OpenAIError as exc:
+                if state.resumed and exc.status == 400:  # the server cannot resume it exactly
+                    message = state.refused(_as_error(exc)).message
+                    raise OpenAIError(502, message, code="resume_failed") from None
+                raise
+            except _Cut as cut:
+                if not self.resume or not (cut.started or state.started or self._reached):
+                    raise cut.error from None
+                if resuming_since is None:
+                    resuming_since = time.monotonic()
+                try:
+                    was = state.resumed
+                    state.cut(_as_error(cut.error))
+                    self.resumed_total += state.resumed - was
+                except SpecDecResumeError as exc:
+                    raise OpenAIError(502, exc.message, code="resume_failed") from None
+                await self._wait_ready(resuming_since + self.resume_timeout_s, waits, cut.error)
+            finally:
+                await attempt.aclose()  # cancels the Triton request if it is still running
+
+    async def _wait_ready(self, until: float, waits: Iterator[float], cause: OpenAIError) -> None:
+        """Until the model is ready again, probing with growing pauses; 503 once ``until`` passed."""
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                raise OpenAIError(
+                    503,
+                    f"the stream was cut ({cause.message}) and the model was not ready again within "
+                    f"{self.resume_timeout_s:g} s",
+                    code="unavailable",
+                )
+            await asyncio.sleep(min(next(waits), left))
+            if await self.ready():
+                return
+
+    async def _attempt(
+        self,
+        request: GenerationRequest,
+        logprobs: bool,
+        request_id: str,
+        extra: Sequence[tuple[str, float]],
+    ) -> AsyncIterator[Piece]:
+        """One Triton request's pieces; a failure that says the server cut the stream raises ``_Cut``."""
         inputs = infer_inputs(request) + [scalar_input(name, value) for name, value in extra]
         declared = await self.model_inputs()
         if logprobs:
@@ -130,11 +230,16 @@ class TritonGenerator:
         call = self.client.stream_infer(requests(), stream_timeout=self.timeout_s)
         finished = False
         token_count = 0
+        started = False
         try:
             async for result, error in call:
                 if error is not None:
                     finished = True  # an error ends the request in the model; nothing to cancel
-                    raise from_model_message(error.message() or str(error), declared)
+                    message = error.message() or str(error)
+                    answer = from_model_message(message, declared)
+                    if looks_cut(message):
+                        raise _Cut(answer)
+                    raise answer
                 outputs, final = response_outputs(result)
                 chunk = chunk_from_outputs(outputs, final=final, previous_token_count=token_count)
                 token_before, token_count = token_count, chunk.token_count
@@ -145,6 +250,7 @@ class TritonGenerator:
                         501, "logprobs: this server's model does not return log-probs", param="logprobs"
                     )
                 finished = final
+                started = True
                 yield Piece(
                     text=chunk.text,
                     token_count=chunk.token_count,
@@ -153,14 +259,22 @@ class TritonGenerator:
                     finish_reason=chunk.finish_reason,
                     stats=chunk.stats,
                     prompt_tokens=_ints(outputs.get("num_input_tokens")),
+                    seed=chunk.seed,
+                    skipped_text_sha256=chunk.skipped_text_sha256,
                 )
                 if final:
                     return
             finished = True
-            raise OpenAIError(502, "Triton ended the stream before the final response", code="bad_gateway")
+            ended = OpenAIError(502, "Triton ended the stream before the final response", code="bad_gateway")
+            raise _Cut(ended, started=started)
         except grpc.aio.AioRpcError as exc:
             finished = True
-            raise from_rpc_error(exc) from None
+            answer = from_rpc_error(exc)
+            details = exc.details() or ""
+            if exc.code() == grpc.StatusCode.UNAVAILABLE or looks_cut(details):
+                # UNAVAILABLE before anything arrived may be a server that was never there
+                raise _Cut(answer, started=started or looks_cut(details)) from None
+            raise answer from None
         finally:
             done.set()
             if not finished:

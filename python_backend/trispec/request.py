@@ -36,6 +36,9 @@ class GenerationRequest:
     # end ids are not emitted before this many tokens
     min_tokens: int = 0
     return_log_probs: bool = False
+    # a resumed stream: the text of the first this-many output tokens is not returned (the caller has
+    # it); they are generated as usual, and their text comes back in ``RequestOutput.skipped_text``
+    skip_output_tokens: int = 0
 
     @property
     def sampling(self) -> SamplingParams:
@@ -94,6 +97,10 @@ def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limi
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds the context "
             f"({limits.context})",
             reason="too_long",
+        )
+    if not _is_int(request.skip_output_tokens) or request.skip_output_tokens < 0:
+        raise InvalidInputError(
+            "skip_output_tokens", f"must be an integer >= 0, got {request.skip_output_tokens!r}"
         )
     k = request.num_draft_tokens
     if k is not None and (not _is_int(k) or not 0 <= k <= limits.max_num_draft_tokens):

@@ -44,6 +44,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     error: str | None = None
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
+    # the text of the first this-many output tokens goes to RequestOutput.skipped_text (a resumed stream)
+    skip_output_tokens: int = 0
 
     @property
     def token_ids(self) -> list[int]:

@@ -117,6 +117,7 @@ class Intake:
             text=self.make_text_tracker(list(request.stop)),
             drafts=num_draft_tokens > 0,
             arrived_at=arrived_at,
+            skip_output_tokens=request.skip_output_tokens,
         )
 
     def cancel(self, request_id: int) -> None:

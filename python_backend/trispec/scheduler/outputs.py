@@ -3,7 +3,7 @@ show, and whether it ends (end id, max_tokens, stop string), with its log-probab
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trispec.errors import InvalidInputError
 from trispec.sequence import FinishReason, Sequence
@@ -30,6 +30,8 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     # wall clock (time.time_ns) when the request was first admitted into the batch
     first_scheduled_ns: int | None = None
+    # the text of this step's tokens that fall within the request's skip_output_tokens (not in new_text)
+    skipped_text: str = ""
 
 
 def apply_result(seq: Sequence, result: SeqResult, planned_k: int, stats: EngineStats) -> RequestOutput:
@@ -47,7 +49,7 @@ def apply_result(seq: Sequence, result: SeqResult, planned_k: int, stats: Engine
             break
     # the end token is emitted as a token id but its text is not part of the output
     ended = seq.finish_reason is FinishReason.STOP
-    kept, text, stopped = seq.text.push(new_ids[:-1] if ended else new_ids)
+    kept, skipped, text, stopped = _push(seq, new_ids[:-1] if ended else new_ids)
     if stopped:
         # a stop string completed: drop every token after the one that completed it
         seq.finish_reason = FinishReason.STOP
@@ -55,9 +57,32 @@ def apply_result(seq: Sequence, result: SeqResult, planned_k: int, stats: Engine
     seq.output_ids.extend(new_ids)
     stats.generated_tokens += len(new_ids)
     if seq.finished:
-        text += seq.text.finish()
+        tail = seq.text.finish()
+        if len(seq.output_ids) > seq.skip_output_tokens:
+            text += tail
+        else:
+            skipped += tail
     log_probs = None if result.log_probs is None else result.log_probs[: len(new_ids)]
-    return request_output(seq, new_ids, text, log_probs)
+    output = request_output(seq, new_ids, text, log_probs)
+    return replace(output, skipped_text=skipped) if skipped else output
+
+
+def _push(seq: Sequence, ids: list[int]) -> tuple[int, str, str, bool]:
+    """Detokenise a step's ids: (ids kept, text of those within ``skip_output_tokens``, the rest of
+    the text, stopped). Pushed in two parts where the skip ends inside the step, so the skipped text
+    is exactly what the text of the first ``skip_output_tokens`` tokens was when streamed."""
+    skip_left = seq.skip_output_tokens - len(seq.output_ids)
+    if skip_left <= 0:
+        kept, text, stopped = seq.text.push(ids)
+        return kept, "", text, stopped
+    if skip_left >= len(ids):
+        kept, text, stopped = seq.text.push(ids)
+        return kept, text, "", stopped
+    first = seq.text.push(ids[:skip_left])
+    if first.stopped:
+        return first.kept, first.text, "", True
+    second = seq.text.push(ids[skip_left:])
+    return first.kept + second.kept, first.text, second.text, second.stopped
 
 
 def request_output(

@@ -28,7 +28,13 @@ from trispec.errors import Overloaded
 from trispec.llm_engine import LLMEngine
 from trispec.scheduler import RequestOutput
 from trispec.sequence import FinishReason
-from trispec.serving.tensors import ParsedRequest, PerfMetrics, as_tensor_error, response_tensors
+from trispec.serving.tensors import (
+    ParsedRequest,
+    PerfMetrics,
+    as_tensor_error,
+    response_tensors,
+    skipped_digest,
+)
 from trispec.stats import EngineStats
 from trispec.step import KVUsage
 
@@ -85,6 +91,10 @@ class LoopMetrics(Protocol):
 
     def record_rejection(self, reason: str) -> None: ...
 
+    def record_resumed(self) -> None:
+        """A request that resumes a stream the server cut (it carried ``skip_output_tokens``)."""
+        ...
+
 
 @dataclass(eq=False)
 class _Group:
@@ -117,6 +127,11 @@ class _Live:
     pending_tokens: int = 0
     pending_log_probs: list[float] = field(default_factory=list)
     cum_log_prob: float = 0.0
+    # a sampled sequence's seed, sent once with its first response (sampling_seed)
+    seed: int | None = None
+    # the text of the tokens within skip_output_tokens: not sent, its digest is (skipped_text_sha256)
+    skipped_text: str = ""
+    responded: bool = False
 
     @property
     def sink(self) -> ResponseSink:
@@ -218,13 +233,19 @@ class ServingLoop:
                     # tokenised by the loop thread: Triton's thread only hands the request over
                     request_id = self.engine.add_request(generation, tokenize_later=True)
                     group.request_ids.append(request_id)
-                    self._live[request_id] = _Live(group, row, batch_index, sequence_index)
+                    seed = None if generation.sampling.greedy else generation.seed
+                    self._live[request_id] = _Live(group, row, batch_index, sequence_index, seed=seed)
             except Exception:
                 for request_id in group.request_ids:  # all or nothing
                     del self._live[request_id]
                     self.engine.cancel(request_id)
                 raise
         self._wake.set()
+        if self.metrics is not None and any(row.resumed for row in rows):
+            try:
+                self.metrics.record_resumed()
+            except Exception:
+                logger.exception("recording a resumed stream failed")
         return group.request_ids
 
     def reject(self, reason: str, request_id: str, message: str) -> None:
@@ -370,14 +391,18 @@ class ServingLoop:
                 self._ttft_s.append((now - state.arrival_ns) / 1e9)
             state.first_token_ns = state.first_token_ns or now
             state.last_token_ns = now
+        # tokens within skip_output_tokens (a resumed stream) are counted, never sent
+        to_skip = request.generation.skip_output_tokens - state.token_count
+        skipped = max(0, min(len(out.new_token_ids), to_skip))
+        state.skipped_text += out.skipped_text
         state.token_count += len(out.new_token_ids)
         if out.finished and state.token_count > 1 and self.metrics is not None:
             self._inter_token_s.append(
                 (state.last_token_ns - state.first_token_ns) / 1e9 / (state.token_count - 1)
             )
-        state.pending_tokens += len(out.new_token_ids)
+        state.pending_tokens += len(out.new_token_ids) - skipped
         if out.new_log_probs is not None:
-            state.pending_log_probs.extend(out.new_log_probs)
+            state.pending_log_probs.extend(out.new_log_probs[skipped:])
             state.cum_log_prob += math.fsum(out.new_log_probs)
         if request.stream:
             if not out.finished and not out.new_text:
@@ -411,8 +436,10 @@ class ServingLoop:
             perf=perf,
             num_input_tokens=out.num_prompt_tokens if request.return_num_input_tokens else None,
             num_output_tokens=state.pending_tokens if request.return_num_output_tokens else None,
+            seed=None if state.responded else state.seed,
+            skipped_text_sha256=None if state.responded else skipped_digest(request, state.skipped_text),
         )
-        state.pending_tokens, state.pending_log_probs = 0, []
+        state.pending_tokens, state.pending_log_probs, state.responded = 0, [], True
         # the final flag closes the whole request: only with its last sequence
         state.sink.send(tensors, final and state.group.remaining == 0)
 

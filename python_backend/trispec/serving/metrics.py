@@ -89,6 +89,11 @@ class TritonMetrics:
             counter,
             "Sequences whose KV was freed to make room (they resume later, recomputing their tokens)",
         )
+        self.resumed_streams = metric(
+            "specdec_resumed_streams_total",
+            counter,
+            "Requests resuming a stream the server cut (they carried skip_output_tokens)",
+        )
         self._accepted_at: list[Any] = []
         self._drafted_at: list[Any] = []
         self._planned: list[Any] = []
@@ -104,6 +109,9 @@ class TritonMetrics:
     def record_rejection(self, reason: str) -> None:
         description = "Requests refused before generation, by reason"
         self._counter("specdec_requests_rejected_total", description, "reason", reason).increment(1)
+
+    def record_resumed(self) -> None:
+        self.resumed_streams.increment(1)
 
     def _accepted_position(self, position: int) -> Any:
         while len(self._accepted_at) <= position:

@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from trispec.errors import InvalidInputError, Overloaded
 from trispec.serving.loop import ErrorKind, Heartbeat, QueueLimits, ServingLoop
 from trispec.serving.tensors import as_tensor_error, check_one_response, check_parameters, parse_batch
 from trispec.serving.tritonserver import HEARTBEAT_DIR_ENV
+
+if TYPE_CHECKING:
+    from trispec.config import SpecDecConfig
 
 # model config parameter holding the YAML path; empty means the built-in default config
 CONFIG_PARAMETER = "specdec_config"
@@ -43,6 +46,27 @@ logger = logging.getLogger(__name__)
 def config_path_from(model_config: dict[str, Any]) -> Path | None:
     value = model_config.get("parameters", {}).get(CONFIG_PARAMETER, {}).get("string_value", "")
     return Path(value) if value else None
+
+
+def exact_resume_refusal(config: SpecDecConfig) -> str | None:
+    """Why this model cannot promise that a request sent again gives the same tokens (so
+    ``skip_output_tokens`` > 0 is refused with it), or None: on the CPU torch engine a greedy or
+    seeded request gives the same tokens whatever shares the batch (docs/determinism.md)."""
+    if config.engine.kind == "trtllm":
+        return (
+            "the TensorRT-LLM runner (engine.kind trtllm) does not promise batch-invariant outputs, so a "
+            "stream sent again may differ from the one cut"
+        )
+    devices = {"target.device": config.target.device}
+    if config.drafter.model is not None:
+        devices["drafter.model.device"] = config.drafter.model.device
+    for key, device in devices.items():
+        if device.startswith("cuda"):
+            return (
+                f"{key} is {device}: the GPU path is not batch-invariant, so a stream sent again may "
+                "differ from the one cut"
+            )
+    return None
 
 
 def is_decoupled(model_config: dict[str, Any]) -> bool:
@@ -105,6 +129,7 @@ class TritonPythonModel:
         self.llm = SpeculativeLLM.from_config(config)
         self.defaults = config.defaults
         self.max_prompt_bytes = config.serving.max_prompt_bytes
+        self.resume_refusal = exact_resume_refusal(config)
         limits = QueueLimits(config.scheduler.max_waiting, config.scheduler.max_queue_delay_s)
         # specdec-serve's supervisor watches this file (see tritonserver.HEARTBEAT_DIR_ENV)
         beats = os.environ.get(HEARTBEAT_DIR_ENV)
@@ -131,7 +156,7 @@ class TritonPythonModel:
 
             try:
                 check_parameters(request.parameters())
-                rows = parse_batch(get, self.defaults, self.max_prompt_bytes)
+                rows = parse_batch(get, self.defaults, self.max_prompt_bytes, self.resume_refusal)
                 if not self.decoupled:
                     check_one_response(rows)
                 self.loop.submit(rows, sink)

@@ -1,0 +1,159 @@
+"""The server under test: its address, readiness, metrics and KV state, and the Python stub's memory."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import re
+import socket
+import threading
+import time
+
+import urllib3
+
+STUB_NAME = "triton_python_backend_stub"
+
+
+def split_host_port(url: str) -> tuple[str, int]:
+    parsed = urllib3.util.parse_url(url if "://" in url else f"http://{url}")
+    if not parsed.host or parsed.port is None:
+        raise ValueError(f"expected host:port, got {url!r}")
+    return parsed.host.strip("[]"), parsed.port
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address ``host`` resolves to is a loopback address."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+class Server:
+    """Readiness, metrics and the stub's memory of the server under test."""
+
+    def __init__(self, http_url: str, metrics_url: str) -> None:
+        self.http_url, self.metrics_url = http_url, metrics_url
+        self._pool = urllib3.PoolManager(timeout=urllib3.Timeout(connect=2, read=5), retries=False)
+
+    def ready(self) -> bool:
+        try:
+            return self._pool.request("GET", f"http://{self.http_url}/v2/health/ready").status == 200
+        except Exception:
+            return False
+
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        text = self._pool.request("GET", f"http://{self.metrics_url}/metrics").data.decode()
+        samples = {}
+        for line in text.splitlines():
+            match = re.match(r"^(specdec_\w+)(?:\{(.*)\})? (\S+)$", line)
+            if match:
+                labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+                samples[(match.group(1), labels)] = float(match.group(3))
+        return samples
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of ``name`` whose labels include ``labels`` (0 when none yet)."""
+        wanted = set(labels.items())
+        return sum(v for (n, ls), v in self.metrics().items() if n == name and wanted <= ls)
+
+    def rejected(self) -> dict[str, float]:
+        counts: dict[str, float] = {}
+        for (name, labels), value in self.metrics().items():
+            if name == "specdec_requests_rejected_total":
+                reason = dict(labels).get("reason", "")
+                counts[reason] = counts.get(reason, 0.0) + value
+        return counts
+
+    def kv_state(self) -> tuple[float, float, float, float]:
+        """(target blocks used, target blocks free, running, waiting)."""
+        m = self.metrics()
+
+        def get(name: str, **labels: str) -> float:
+            return sum(v for (n, ls), v in m.items() if n == name and set(labels.items()) <= ls)
+
+        return (
+            get("specdec_kv_blocks_used", pool="target"),
+            get("specdec_kv_blocks_free", pool="target"),
+            get("specdec_running_sequences"),
+            get("specdec_waiting_sequences"),
+        )
+
+    def wait_idle(self, idle_free: float, timeout_s: float) -> tuple[bool, tuple[float, ...], float]:
+        """Wait until nothing runs or waits and the target's free KV blocks are back at ``idle_free``."""
+        start = time.monotonic()
+        state: tuple[float, ...] = ()
+        while time.monotonic() - start < timeout_s:
+            with contextlib.suppress(Exception):
+                state = self.kv_state()
+                used, free, running, waiting = state
+                if used == 0 and free == idle_free and running == 0 and waiting == 0:
+                    return True, state, time.monotonic() - start
+            time.sleep(0.2)
+        return False, state, time.monotonic() - start
+
+
+def find_server(ports: list[int]) -> int | None:
+    """The pid of the tritonserver that listens on one of ``ports`` (its command line says so)."""
+    import psutil
+
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if not cmdline or not cmdline[0].endswith("tritonserver"):
+            continue
+        flags = " ".join(cmdline)
+        if any(re.search(rf"--(?:grpc|http)-port[= ]{port}\b", flags) for port in ports):
+            return proc.pid
+    return None
+
+
+def find_stub(ports: list[int]) -> int | None:
+    """The pid of the Python stub under the tritonserver that listens on one of ``ports``."""
+    import psutil
+
+    server = find_server(ports)
+    if server is None:
+        return None
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(server).children(recursive=True):
+            argv = child.cmdline()
+            # Triton first runs ``sh -c <stub>`` once as a check: the real stub has its own argv
+            if argv and argv[0].endswith(STUB_NAME) and child.status() != psutil.STATUS_ZOMBIE:
+                return child.pid
+    return None
+
+
+class RssSampler:
+    """Samples one process's RSS every ``interval_s`` on a background thread."""
+
+    def __init__(self, pid: int, interval_s: float = 1.0) -> None:
+        import psutil
+
+        self.pid, self.interval_s = pid, interval_s
+        self._proc = psutil.Process(pid)
+        self.samples: list[tuple[float, int]] = []
+        self.lost = False  # the process went away (crashed or restarted)
+        self._stop = threading.Event()
+        self._start = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.monotonic() - self._start, self._proc.memory_info().rss))
+            except Exception:
+                self.lost = True
+                return
+            self._stop.wait(self.interval_s)
+
+    def at(self, t: float) -> int | None:
+        """The first sample taken at or after ``t`` seconds."""
+        return next((rss for s, rss in self.samples if s >= t), None)

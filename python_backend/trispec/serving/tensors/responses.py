@@ -1,0 +1,106 @@
+"""One response's output tensors: text, counts, and what the request asked to have reported."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trispec.stats import AcceptanceStats
+
+if TYPE_CHECKING:
+    from trispec.serving.tensors.requests import ParsedRequest
+
+
+@dataclass(frozen=True)
+class PerfMetrics:
+    """What ``return_perf_metrics`` reports for one sequence (times: time.time_ns)."""
+
+    arrival_ns: int
+    first_scheduled_ns: int
+    first_token_ns: int
+    last_token_ns: int
+    # target KV blocks the sequence's tokens take
+    kv_blocks: int
+
+
+def _cell(value: object, dtype: type | str) -> np.ndarray:
+    # [batch 1, 1 value]: one row of the batch per response
+    return np.array([[value]], dtype=dtype)
+
+
+def response_tensors(
+    text: str,
+    token_count: int,
+    finish_reason: str | None = None,
+    stats: AcceptanceStats | None = None,
+    *,
+    batch_index: int = 0,
+    sequence_index: int = 0,
+    log_probs: Sequence[float] | None = None,
+    cum_log_prob: float = 0.0,
+    perf: PerfMetrics | None = None,
+    num_input_tokens: int | None = None,
+    num_output_tokens: int | None = None,
+    seed: int | None = None,
+    skipped_text_sha256: str | None = None,
+) -> dict[str, np.ndarray]:
+    """Output tensors of one response. ``finish_reason`` and ``stats`` on the final one; ``stats`` so
+    far with ``perf``; ``log_probs`` (this response's tokens) when the request asked for them."""
+    tensors = {
+        # [1], as the BLS model's postprocessing sends it: clients do ``output[0].decode()``
+        "text_output": np.array([text.encode("utf-8")], dtype=object),
+        "output_token_count": _cell(token_count, np.int32),
+        "batch_index": _cell(batch_index, np.int32),
+        "sequence_index": _cell(sequence_index, np.int32),
+    }
+    if log_probs is not None:
+        tensors["cum_log_probs"] = _cell(cum_log_prob, np.float32)
+        # [batch, beam, tokens]
+        tensors["output_log_probs"] = np.array([[list(log_probs)]], dtype=np.float32).reshape(1, 1, -1)
+    if seed is not None:
+        tensors["sampling_seed"] = _cell(seed, np.uint64)
+    if skipped_text_sha256 is not None:
+        tensors["skipped_text_sha256"] = _cell(skipped_text_sha256.encode("ascii"), object)
+    if num_input_tokens is not None:
+        tensors["num_input_tokens"] = _cell(num_input_tokens, np.int32)
+    if num_output_tokens is not None:
+        tensors["num_output_tokens"] = _cell(num_output_tokens, np.int32)
+    if perf is not None:
+        tensors.update(
+            kv_cache_alloc_new_blocks=_cell(perf.kv_blocks, np.int32),
+            kv_cache_reused_blocks=_cell(0, np.int32),
+            kv_cache_alloc_total_blocks=_cell(perf.kv_blocks, np.int32),
+            arrival_time_ns=_cell(perf.arrival_ns, np.int64),
+            first_scheduled_time_ns=_cell(perf.first_scheduled_ns, np.int64),
+            first_token_time_ns=_cell(perf.first_token_ns, np.int64),
+            last_token_time_ns=_cell(perf.last_token_ns, np.int64),
+        )
+    if stats is not None and (perf is not None or finish_reason is not None):
+        tensors.update(
+            acceptance_rate=_cell(stats.acceptance_rate, np.float32),
+            total_accepted_draft_tokens=_cell(stats.accepted_tokens, np.int32),
+            total_draft_tokens=_cell(stats.draft_tokens, np.int32),
+        )
+    if finish_reason is not None:
+        tensors["finish_reason"] = _cell(finish_reason.encode("utf-8"), object)
+    if finish_reason is not None and stats is not None:
+        tensors.update(
+            draft_tokens=_cell(stats.draft_tokens, np.int32),
+            accepted_tokens=_cell(stats.accepted_tokens, np.int32),
+            verify_rounds=_cell(stats.rounds, np.int32),
+            mean_accepted_length=_cell(stats.mean_accepted_length, np.float32),
+            mean_num_draft_tokens=_cell(stats.mean_num_draft_tokens, np.float32),
+        )
+    return tensors
+
+
+def skipped_digest(request: ParsedRequest, skipped_text: str) -> str | None:
+    """What a resumed request's first response confirms (``skipped_text_sha256``): the SHA-256 of the
+    text of the tokens it skipped, which the client compares with the text it already has."""
+    if not request.generation.skip_output_tokens:
+        return None
+    return hashlib.sha256(skipped_text.encode("utf-8")).hexdigest()

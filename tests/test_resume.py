@@ -1,0 +1,252 @@
+"""Nothing lost when the server dies mid-stream: streams cut by the server are resumed exactly, through
+``trispec_client`` and through ``specdec-openai`` (with the official ``openai`` client), and a
+resumed stream that differs from the one cut ends in an error, never in a spliced text.
+
+One ``specdec-serve`` (default config: SmolLM2, greedy outputs and seeded samples batch-invariant)
+serves the module. The first tests cut a stream on the client side (the real server, the real
+transports; the cut is an error raised between two chunks) and need no restart; the last kills the
+Python stub and then tritonserver itself while streams run, as ``specdec-soak --phases fault`` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+
+import openai
+import pytest
+from served import BIN, Server, free_port, start_server, stop_server
+from trispec_client import SpecDecClient, SpecDecConnectionError, SpecDecError
+from trispec_client.errors import InvalidRequestError, SpecDecResumeError
+from trispec_client.request import GenerationRequest
+from trispec_client.soak import Report, Soak, build_parser, fault, settings_from
+
+pytestmark = [pytest.mark.server, pytest.mark.real_model]
+
+PROMPT = "Once upon a time, in a small village,"
+# 48 tokens, ended by max_tokens only (an end id SmolLM2 never emits here)
+SAMPLED = {"max_tokens": 48, "end_id": 49151, "temperature": 0.8, "num_draft_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("resume"), "--open-admin-apis")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def frontend(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("openai") / "frontend.log"
+    command = [str(BIN / "specdec-openai"), "--triton-url", server.grpc, "--port", str(port)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while not _ok(f"{url}/health"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"specdec-openai did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    yield url
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def _ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _text(chunks: Iterator[object]) -> str:
+    return "".join(c.text for c in chunks)  # type: ignore[attr-defined]
+
+
+def cut_on_the_client(
+    monkeypatch: pytest.MonkeyPatch,
+    after_chunks: int,
+    change: Callable[[GenerationRequest], GenerationRequest] | None = None,
+) -> list[GenerationRequest]:
+    """The first request's stream breaks after ``after_chunks`` chunks, as one the server cut does;
+    ``change`` alters what is sent again. Returns the requests sent, in order."""
+    real = SpecDecClient._attempt
+    sent: list[GenerationRequest] = []
+
+    def attempt(self: SpecDecClient, request: GenerationRequest, timeout_s: float) -> Iterator[object]:
+        sent.append(request)
+        if len(sent) == 1:
+            return _broken(real(self, request, timeout_s), after_chunks)
+        return real(self, change(request) if change else request, timeout_s)
+
+    monkeypatch.setattr(SpecDecClient, "_attempt", attempt)
+    return sent
+
+
+def _broken(chunks: Iterator[object], after: int) -> Iterator[object]:
+    try:
+        for i, chunk in enumerate(chunks, start=1):
+            yield chunk
+            if i == after:
+                raise SpecDecConnectionError("Stream removed (Socket closed)")
+    finally:
+        chunks.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_cut_stream_resumes_where_it_stopped_with_the_same_text(
+    server: Server, monkeypatch: pytest.MonkeyPatch, protocol: str
+) -> None:
+    url = server.grpc if protocol == "grpc" else server.http
+    client = SpecDecClient(url, protocol=protocol, timeout_s=120)  # type: ignore[arg-type]
+    alone = list(client.stream(PROMPT, seed=5, **SAMPLED))
+    resumed_before = server.metric_or_zero("specdec_resumed_streams_total")
+    sent = cut_on_the_client(monkeypatch, after_chunks=3)
+    chunks = list(client.stream(PROMPT, seed=5, **SAMPLED))
+    assert _text(chunks) == _text(iter(alone))
+    assert [c.token_count for c in chunks[3:]] == [c.token_count for c in alone[-len(chunks) + 3 :]]
+    assert chunks[-1].stats is not None and chunks[-1].stats.resumed == 1
+    assert alone[-1].stats is not None and alone[-1].stats.resumed == 0
+    # sent again with the same seed, skipping what had been delivered; the server counted it
+    assert (sent[1].seed, sent[1].skip_output_tokens) == (5, chunks[2].token_count)
+    assert server.metric("specdec_resumed_streams_total") == resumed_before + 1
+
+
+def test_a_sampled_request_without_a_seed_is_told_one_and_resumes_exactly(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = SpecDecClient(server.grpc, timeout_s=120)
+    sent = cut_on_the_client(monkeypatch, after_chunks=2)
+    chunks = list(client.stream(PROMPT, **SAMPLED))
+    seed = chunks[0].seed
+    assert seed is not None and sent[1].seed == seed and sent[0].seed is None
+    assert chunks[-1].stats is not None and chunks[-1].stats.resumed == 1
+    monkeypatch.undo()
+    assert _text(iter(chunks)) == _text(client.stream(PROMPT, seed=seed, **SAMPLED))
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        # the server says the seed it samples with: another one is caught before any text
+        ({"seed": 6}, "samples with seed 6, not 5"),
+        # same seed, other tokens: what the server skipped is not what was delivered (its digest)
+        ({"prompt": "Water boils at"}, "differs from the one cut"),
+    ],
+)
+def test_a_resumed_stream_that_differs_ends_in_an_error_not_a_spliced_text(
+    server: Server, monkeypatch: pytest.MonkeyPatch, change: dict[str, object], why: str
+) -> None:
+    """Sent again differently, the stream would go on with other text: the client stops with
+    SpecDecResumeError and has delivered only what came before the cut."""
+    client = SpecDecClient(server.grpc, timeout_s=120)
+    alone = _text(client.stream(PROMPT, seed=5, **SAMPLED))
+    cut_on_the_client(monkeypatch, 3, lambda request: dataclasses.replace(request, **change))
+    delivered: list[str] = []
+    with pytest.raises(SpecDecResumeError, match=why):
+        for chunk in client.stream(PROMPT, seed=5, **SAMPLED):
+            delivered.append(chunk.text)
+    assert len(delivered) == 3 and alone.startswith("".join(delivered)) and "".join(delivered) != alone
+
+
+def test_what_cannot_be_resumed_exactly_is_refused(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = SpecDecClient(server.grpc, timeout_s=60)
+    # the server draws an unseeded sampled request anew: skipping its tokens would splice two samples
+    unseeded = GenerationRequest(PROMPT, stream=True, skip_output_tokens=4, **SAMPLED)
+    with pytest.raises(InvalidRequestError, match="skip_output_tokens: an unseeded sampled request"):
+        list(client._attempt(unseeded, 60))
+    # a resume the server refuses ends with the reason, after the text delivered before the cut
+    cut_on_the_client(monkeypatch, 2, lambda request: dataclasses.replace(request, seed=None))
+    with pytest.raises(SpecDecResumeError, match="cannot be resumed: skip_output_tokens: an unseeded"):
+        list(client.stream(PROMPT, seed=5, **SAMPLED))
+
+
+# -- kill -9 of the stub, then of tritonserver, with streams in flight ----------------------------
+OPENAI_REQUESTS = [  # (streamed, sampling): each sent once alone, then during each kill
+    (True, {"temperature": 0.0, "extra_body": {"num_draft_tokens": 4}}),
+    (True, {"temperature": 0.8, "seed": 21, "extra_body": {"num_draft_tokens": 0}}),
+    (False, {"temperature": 0.0, "extra_body": {"num_draft_tokens": 0}}),
+    (False, {"temperature": 0.8, "seed": 22, "extra_body": {"num_draft_tokens": 4}}),
+]
+
+
+def _openai(client: openai.OpenAI, streamed: bool, sampling: dict[str, object]) -> str:
+    kw = {"model": "specdec", "prompt": PROMPT, "max_tokens": 64, **sampling}
+    if not streamed:
+        return client.completions.create(**kw).choices[0].text  # type: ignore[arg-type]
+    return "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw) if c.choices)  # type: ignore[arg-type]
+
+
+def _resumed_by(frontend: str) -> float:
+    with urllib.request.urlopen(f"{frontend}/metrics", timeout=5) as resp:
+        line = next(
+            x for x in resp.read().decode().splitlines() if x.startswith("specdec_resumed_streams_total")
+        )
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_every_stream_survives_a_killed_stub_and_a_killed_tritonserver(server: Server, frontend: str) -> None:
+    """kill -9 of the Python stub, then of tritonserver, each with streams in flight: 8 through
+    trispec_client (4 gRPC, 4 HTTP; greedy and seeded T = 0.8; k = 0 and 4) and one sampled without a
+    seed, 4 through specdec-openai (streamed and not), and one with resuming off. The supervisor
+    restarts the server; every resuming stream completes with the text of the same request run
+    alone; the one without resume fails as it always did."""
+    openai_client = openai.OpenAI(base_url=f"{frontend}/v1", api_key="unused", timeout=300, max_retries=0)
+    openai_alone = [_openai(openai_client, streamed, sampling) for streamed, sampling in OPENAI_REQUESTS]
+    side_results: dict[str, dict[str, object]] = {}
+
+    def side(target: str) -> Callable[[], None]:
+        """Started with each round's streams; the returned function waits for them."""
+        results: dict[str, object] = {"resumed_before": _resumed_by(frontend)}
+        side_results[target] = results
+
+        def call(i: int) -> None:
+            try:
+                results[f"openai {i}"] = _openai(openai_client, *OPENAI_REQUESTS[i])
+            except Exception as exc:
+                results[f"openai {i}"] = exc
+
+        def no_resume() -> None:
+            client = SpecDecClient(server.grpc, timeout_s=300, resume=False)
+            try:
+                results["no resume"] = _text(client.stream(PROMPT, max_tokens=64, end_id=49151))
+            except SpecDecError as exc:
+                results["no resume"] = exc
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(OPENAI_REQUESTS))]
+        threads.append(threading.Thread(target=no_resume))
+        for thread in threads:
+            thread.start()
+
+        def join() -> None:
+            for thread in threads:
+                thread.join(300)
+            results["resumed_after"] = _resumed_by(frontend)
+
+        return join
+
+    argv = ["--url", server.grpc, "--http-url", server.http, "--metrics-url", server.metrics]
+    argv += ["--phases", "fault", "--request-timeout-s", "300", "--resume-timeout-s", "120"]
+    report = Report()
+    fault.run(Soak(settings_from(build_parser().parse_args(argv), argv), report, lambda _: None), side=side)
+    failed = [(c.name, c.value) for c in report.checks if c.passed is not True]
+    assert not failed, failed
+    assert {c.name.split(" ")[0] for c in report.checks} == {"stub", "tritonserver"}
+    for target, results in side_results.items():
+        for i, want in enumerate(openai_alone):
+            assert results[f"openai {i}"] == want, (target, i, results[f"openai {i}"])
+        # each OpenAI request was cut and resumed by the endpoint, not answered before the kill
+        assert results["resumed_after"] - results["resumed_before"] >= len(OPENAI_REQUESTS), (target, results)
+        assert isinstance(results["no resume"], SpecDecError), (target, results["no resume"])
+    assert server.ready()
