@@ -14,12 +14,10 @@ request what that round verified. Nothing here imports Triton: a response sink i
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
@@ -28,17 +26,17 @@ from trispec.errors import Overloaded
 from trispec.llm_engine import LLMEngine
 from trispec.scheduler import RequestOutput
 from trispec.sequence import FinishReason
+from trispec.serving.heartbeat import Heartbeat
+from trispec.serving.live import Group, Live, groups
 from trispec.serving.tensors import (
     ParsedRequest,
-    PerfMetrics,
     as_tensor_error,
-    response_tensors,
-    skipped_digest,
 )
 from trispec.stats import EngineStats
 from trispec.step import KVUsage
 
 logger = logging.getLogger(__name__)
+__all__ = ["ErrorKind", "Heartbeat", "QueueLimits", "ResponseSink", "RoundReport", "ServingLoop"]
 
 
 # what an error response says to the client: Triton's INTERNAL, INVALID_ARG (HTTP 400) or
@@ -96,76 +94,6 @@ class LoopMetrics(Protocol):
         ...
 
 
-@dataclass(eq=False)
-class _Group:
-    """One Triton request: its response sender and the sequences it fans out to."""
-
-    sink: ResponseSink
-    request_ids: list[int] = field(default_factory=list)
-    # sequences not finished yet: the one that brings this to 0 sends the final flag
-    remaining: int = 0
-    # ended by an error: nothing more is sent
-    ended: bool = False
-
-
-@dataclass(eq=False)
-class _Live:
-    """One sequence of a request."""
-
-    group: _Group
-    request: ParsedRequest
-    batch_index: int = 0
-    sequence_index: int = 0
-    submitted_at: float = field(default_factory=time.monotonic)
-    arrival_ns: int = field(default_factory=time.time_ns)
-    first_token_ns: int = 0
-    last_token_ns: int = 0
-    text: str = ""  # accumulated for stream=false
-    token_count: int = 0
-    # tokens (and their log probs) not yet reported: streamed text can lag its tokens (a multi-byte
-    # character, a possible stop string), and a one-shot response reports them all at the end
-    pending_tokens: int = 0
-    pending_log_probs: list[float] = field(default_factory=list)
-    cum_log_prob: float = 0.0
-    # a sampled sequence's seed, sent once with its first response (sampling_seed)
-    seed: int | None = None
-    # the text of the tokens within skip_output_tokens: not sent, its digest is (skipped_text_sha256)
-    skipped_text: str = ""
-    responded: bool = False
-
-    @property
-    def sink(self) -> ResponseSink:
-        return self.group.sink
-
-
-class Heartbeat:
-    """A file whose mtime the loop thread renews at most every ``interval_s``, once per round and
-    every 0.1 s when idle: the supervisor restarts the server when it stands still for long while the
-    stub runs (a stuck loop would otherwise hang its requests while /v2/health/ready says 200)."""
-
-    def __init__(self, path: Path, interval_s: float = 0.5) -> None:
-        self.path = path
-        self.interval_s = interval_s
-        self._last = float("-inf")
-        self._failed = False
-
-    def beat(self) -> None:
-        now = time.monotonic()
-        if now - self._last < self.interval_s:
-            return
-        self._last = now
-        try:
-            self.path.touch()
-        except OSError as exc:  # never fatal to serving; said once
-            if not self._failed:
-                logger.warning("cannot renew the heartbeat file %s: %s", self.path, exc)
-            self._failed = True
-
-    def remove(self) -> None:
-        """A loop stopped on purpose is not stuck: take its heartbeat away."""
-        self.path.unlink(missing_ok=True)
-
-
 class ServingLoop:
     def __init__(
         self,
@@ -182,7 +110,7 @@ class ServingLoop:
             # halfway to being refused, a request not started takes the place of one that has
             # streamed as long (scheduler: ``_admit_urgent``)
             engine.admit_urgently_after(limits.max_queue_delay_s / 2)
-        self._live: dict[int, _Live] = {}
+        self._live: dict[int, Live] = {}
         # latencies seen while dispatching this round's outputs, for its report (loop thread only)
         self._ttft_s: list[float] = []
         self._inter_token_s: list[float] = []
@@ -226,7 +154,7 @@ class ServingLoop:
                 f"{queued} requests are waiting for a slot (scheduler.max_waiting {limit}) and this one "
                 f"brings {len(sequences)}; retry later",
             )
-        group = _Group(sink, remaining=len(sequences))
+        group = Group(sink, remaining=len(sequences))
         with self._lock:
             try:
                 for row, batch_index, sequence_index, generation in sequences:
@@ -234,7 +162,7 @@ class ServingLoop:
                     request_id = self.engine.add_request(generation, tokenize_later=True)
                     group.request_ids.append(request_id)
                     seed = None if generation.sampling.greedy else generation.seed
-                    self._live[request_id] = _Live(group, row, batch_index, sequence_index, seed=seed)
+                    self._live[request_id] = Live(group, row, batch_index, sequence_index, seed=seed)
             except Exception:
                 for request_id in group.request_ids:  # all or nothing
                     del self._live[request_id]
@@ -272,7 +200,7 @@ class ServingLoop:
             self.heartbeat.remove()
         with self._lock:
             live, self._live = self._live, {}
-        for group in _groups(live.values()):
+        for group in groups(live.values()):
             self._send_error(group, "the model is shutting down", "unavailable")
 
     # -- the loop thread ------------------------------------------------------------------------
@@ -302,7 +230,7 @@ class ServingLoop:
     def _check_cancellations(self) -> None:
         with self._lock:
             live = dict(self._live)
-        for group in _groups(live.values()):
+        for group in groups(live.values()):
             try:
                 cancelled = group.sink.is_cancelled()
             except Exception:  # the sender is gone: nobody is listening any more
@@ -326,7 +254,7 @@ class ServingLoop:
             return
         now = time.monotonic()
         queued = self.engine.queued_request_ids()
-        expired: list[tuple[int, _Group]] = []
+        expired: list[tuple[int, Group]] = []
         with self._lock:
             for request_id in queued:
                 state = self._live.get(request_id)
@@ -375,7 +303,7 @@ class ServingLoop:
                     self._send_error(group, f"internal error: sending a response failed: {exc}")
         return finished
 
-    def _drop(self, group: _Group) -> None:
+    def _drop(self, group: Group) -> None:
         """End a request early (caller holds the lock): its sequences leave the batch, nothing more is
         sent but the one error response the caller sends."""
         group.ended = True
@@ -383,76 +311,29 @@ class ServingLoop:
             if self._live.pop(request_id, None) is not None:
                 self.engine.cancel(request_id)
 
-    def _respond(self, state: _Live, out: RequestOutput) -> None:
-        request = state.request
+    def _respond(self, state: Live, out: RequestOutput) -> None:
         now = time.time_ns()
-        if out.new_token_ids:
-            if not state.first_token_ns and self.metrics is not None:
-                self._ttft_s.append((now - state.arrival_ns) / 1e9)
-            state.first_token_ns = state.first_token_ns or now
-            state.last_token_ns = now
-        # tokens within skip_output_tokens (a resumed stream) are counted, never sent
-        to_skip = request.generation.skip_output_tokens - state.token_count
-        skipped = max(0, min(len(out.new_token_ids), to_skip))
-        state.skipped_text += out.skipped_text
-        state.token_count += len(out.new_token_ids)
+        if out.new_token_ids and not state.first_token_ns and self.metrics is not None:
+            self._ttft_s.append((now - state.arrival_ns) / 1e9)
+        response = state.take(out, now, self._block_size)
         if out.finished and state.token_count > 1 and self.metrics is not None:
             self._inter_token_s.append(
                 (state.last_token_ns - state.first_token_ns) / 1e9 / (state.token_count - 1)
             )
-        state.pending_tokens += len(out.new_token_ids) - skipped
-        if out.new_log_probs is not None:
-            state.pending_log_probs.extend(out.new_log_probs[skipped:])
-            state.cum_log_prob += math.fsum(out.new_log_probs)
-        if request.stream:
-            if not out.finished and not out.new_text:
-                return  # nothing to show yet; its tokens are reported with the next text
-            text = out.new_text
-        else:
-            state.text += out.new_text
-            if not out.finished:
-                return
-            text = state.text if request.exclude_input_in_output else request.generation.prompt + state.text
-        final = out.finished
-        perf = None
-        if request.return_perf_metrics:
-            length = out.num_prompt_tokens + state.token_count
-            perf = PerfMetrics(
-                arrival_ns=state.arrival_ns,
-                first_scheduled_ns=out.first_scheduled_ns or 0,
-                first_token_ns=state.first_token_ns,
-                last_token_ns=state.last_token_ns,
-                kv_blocks=math.ceil(length / self._block_size) if self._block_size else 0,
-            )
-        tensors = response_tensors(
-            text,
-            state.token_count,
-            out.finish_reason.value if final and out.finish_reason else None,
-            out.stats if final or perf is not None else None,
-            batch_index=state.batch_index,
-            sequence_index=state.sequence_index,
-            log_probs=state.pending_log_probs if request.generation.return_log_probs else None,
-            cum_log_prob=state.cum_log_prob,
-            perf=perf,
-            num_input_tokens=out.num_prompt_tokens if request.return_num_input_tokens else None,
-            num_output_tokens=state.pending_tokens if request.return_num_output_tokens else None,
-            seed=None if state.responded else state.seed,
-            skipped_text_sha256=None if state.responded else skipped_digest(request, state.skipped_text),
-        )
-        state.pending_tokens, state.pending_log_probs, state.responded = 0, [], True
-        # the final flag closes the whole request: only with its last sequence
-        state.sink.send(tensors, final and state.group.remaining == 0)
+        if response is not None:
+            # the final flag closes the whole request: only with its last sequence
+            state.sink.send(response, out.finished and state.group.remaining == 0)
 
     def _fail_all(self, message: str) -> None:
         with self._lock:
             live, self._live = self._live, {}
         for request_id in live:
             self.engine.cancel(request_id)
-        for group in _groups(live.values()):
+        for group in groups(live.values()):
             self._send_error(group, message)
 
     @staticmethod
-    def _send_error(group: _Group, message: str, kind: ErrorKind = "internal") -> None:
+    def _send_error(group: Group, message: str, kind: ErrorKind = "internal") -> None:
         group.ended = True
         try:
             group.sink.send_error(message, kind)
@@ -476,8 +357,3 @@ class ServingLoop:
             self.metrics.record(report)  # type: ignore[union-attr]
         except Exception:
             logger.exception("recording metrics failed")
-
-
-def _groups(states: Iterable[_Live]) -> list[_Group]:
-    """The distinct requests of some sequences, in order."""
-    return list({id(state.group): state.group for state in states}.values())
