@@ -10,7 +10,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,3 +127,37 @@ def stop_server(srv: Server) -> None:
     finally:
         if srv.process.poll() is None:
             srv.process.kill()
+
+
+@contextmanager
+def openai_frontend(grpc_url: str, log: Path) -> Iterator[str]:
+    """``specdec-openai`` in front of a server's gRPC port for the length of the block; yields its
+    base URL once /health answers (its output goes to ``log``)."""
+    port = free_port()
+    command = [str(BIN / "specdec-openai"), "--triton-url", grpc_url, "--port", str(port)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while not _answers(f"{url}/health"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"specdec-openai did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +17,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
-from served import BIN, Server, free_port
+from served import Server, openai_frontend
 from test_server_e2e import server  # noqa: F401 -- the module-scoped server fixture
 from trispec_client import SpecDecClient
 from trispec_client.results import SpeculationStats
@@ -156,33 +155,8 @@ def test_usage_sums_choices_and_counts_each_prompt_once(served_tokenizer: Served
 # -- against the real server -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def frontend(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:  # noqa: F811
-    port = free_port()
-    log = tmp_path_factory.mktemp("openai") / "frontend.log"
-    command = [str(BIN / "specdec-openai"), "--triton-url", server.grpc, "--port", str(port)]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while not _healthy(url):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"specdec-openai did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    yield url
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    finally:
-        if process.poll() is None:
-            process.kill()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
+    with openai_frontend(server.grpc, tmp_path_factory.mktemp("openai") / "frontend.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

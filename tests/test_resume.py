@@ -11,15 +11,13 @@ Python stub and then tritonserver itself while streams run, as ``specdec-soak --
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
 import openai
 import pytest
-from served import BIN, Server, free_port, start_server, stop_server
+from served import Server, openai_frontend, start_server, stop_server
 from trispec_client import SpecDecClient, SpecDecConnectionError, SpecDecError
 from trispec_client.errors import InvalidRequestError, SpecDecResumeError
 from trispec_client.request import GenerationRequest
@@ -41,33 +39,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def frontend(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("openai") / "frontend.log"
-    command = [str(BIN / "specdec-openai"), "--triton-url", server.grpc, "--port", str(port)]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while not _ok(f"{url}/health"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"specdec-openai did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    yield url
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    finally:
-        if process.poll() is None:
-            process.kill()
-
-
-def _ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
+    with openai_frontend(server.grpc, tmp_path_factory.mktemp("openai") / "frontend.log") as url:
+        yield url
 
 
 def _text(chunks: Iterator[object]) -> str:

@@ -14,19 +14,16 @@ Against a real server holding one running and one waiting request (``max_batch_s
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import urllib3
 import yaml
-from served import BIN, Server, free_port, start_server, stop_server
+from served import Server, openai_frontend, start_server, stop_server
 from trispec.config import DEFAULT_CONFIG_PATH
 from trispec_client import SpecDecClient, SpecDecError, SpecDecOverloadedError
 
@@ -120,33 +117,8 @@ def test_specdec_client_knows_a_full_queue_is_retryable_and_retries_it(server: S
 
 @pytest.fixture(scope="module")
 def frontend(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("openai") / "frontend.log"
-    command = [str(BIN / "specdec-openai"), "--triton-url", server.grpc, "--port", str(port)]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while not _healthy(url):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"specdec-openai did not start:\n{Path(log).read_text()[-3000:]}")
-        time.sleep(0.2)
-    yield url
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    finally:
-        if process.poll() is None:
-            process.kill()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
+    with openai_frontend(server.grpc, tmp_path_factory.mktemp("openai") / "frontend.log") as url:
+        yield url
 
 
 def test_openai_endpoint_answers_503_with_retry_after(frontend: str) -> None:
