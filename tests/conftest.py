@@ -30,6 +30,7 @@ def trtllm_bindings() -> Iterator[object]:
     sys.modules.update({names[0]: package, names[1]: sub, names[2]: trtllm_standin})
     trtllm_standin.Executor.enqueued.clear()
     trtllm_standin.Executor.stalled = False
+    trtllm_standin.Executor.decodes_on = True
     trtllm_standin.Executor.poisoned = set()
     trtllm_standin.GPU = trtllm_standin.SimulatedGpu()
     try:

@@ -170,13 +170,18 @@ def until_end(ref: list[int], end_ids: set[int]) -> list[int]:
 
 
 @pytest.mark.parametrize("k", [0, 4])
-@pytest.mark.parametrize("kind", list(RUNNERS))
+@pytest.mark.parametrize("kind", [*RUNNERS, "trtllm-stops-after-verify"])
 def test_requests_that_end_on_an_end_token_equal_target_only(
     kind: str, k: int, tmp_path: Path, trtllm_bindings: object
 ) -> None:
     """The tokenizer's end token (which the TensorRT-LLM runner forwards to the executors, and which
     TensorRT-LLM never returns as a token), a request's own end_id, and end_id -1 (ignore the end
-    token): each output equals target-only greedy decoding cut at its end token, finishing STOP."""
+    token): each output equals target-only greedy decoding cut at its end token, finishing STOP.
+    The TensorRT-LLM runner also over a runtime that stops a verify request after its accepted drafts
+    + 1 instead of decoding on to len(draft) + 1."""
+    if kind == "trtllm-stops-after-verify":
+        trtllm_bindings.Executor.decodes_on = False  # type: ignore[attr-defined]
+        kind = "trtllm"
     prompts, refs, eos = eos_cases()
     built = RUNNERS[kind](tmp_path, end_id=eos)
     llm = engine_for(built, eos_ids=frozenset({eos}))

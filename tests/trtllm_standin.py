@@ -52,7 +52,8 @@ What it does, each from the source:
   driving several GPUs needs orchestrator mode with a worker executable (tensorrtllm_backend README,
   "Leader mode" / "Orchestrator mode").
 Test hooks (not TensorRT-LLM's): ``Executor.poisoned`` client ids get an error response (a device
-fault), ``Executor.stalled`` keeps every response pending (a hung executor), ``Executor.enqueued``
+fault), ``Executor.stalled`` keeps every response pending (a hung executor), ``Executor.decodes_on``
+False stops a request after its verify step, ``Executor.enqueued``
 (all executors) and ``received`` (this one) record what was sent, ``GPU`` is the simulated device
 memory.
 
@@ -308,6 +309,9 @@ class Executor:
     poisoned: ClassVar[set[int]] = set()
     enqueued: ClassVar[list[Request]] = []
     stalled: ClassVar[bool] = False
+    # False: a request stops after its verify step (accepted drafts + 1), as a runtime that did not
+    # decode on would; the runner must be right either way
+    decodes_on: ClassVar[bool] = True
 
     def __init__(self, model_path: Path, model_type: ModelType, executor_config: ExecutorConfig) -> None:
         path = Path(model_path)
@@ -534,7 +538,7 @@ class Executor:
                 rows = list(logits[: len(new)])
             else:
                 new, ended = [], False
-            while not ended and len(new) < active.max_new_tokens:
+            while not ended and len(new) < active.max_new_tokens and (Executor.decodes_on or not drafts):
                 if new or drafts:
                     logits = self.model.forward([ForwardInput(sid, [new[-1]], 1)])[0]
                 rows.append(logits[-1])
