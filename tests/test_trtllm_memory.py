@@ -140,3 +140,14 @@ def test_an_empty_executor_worker_in_the_config_is_refused(tmp_path: Path) -> No
     with pytest.raises(ConfigError) as info:
         load_config(trtllm_yaml(tmp_path, "{kind: ngram}", ", executor_worker: ''"))
     assert info.value.field == "trtllm.executor_worker" and "empty" in info.value.message
+
+
+def test_bindings_without_iteration_stats_still_start(
+    tmp_path: Path, trtllm_bindings, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Neither a GPU reading nor iteration stats (older or partial bindings): the caches are left to
+    TensorRT-LLM and the runner starts, reporting the most its sequences could hold."""
+    monkeypatch.setattr(trtllm_setup, "free_gpu_memory", lambda device: None)
+    monkeypatch.delattr(trtllm_bindings.Executor, "get_latest_iteration_stats")
+    runner = TrtllmSpecRunner.from_config(load_config(pair(tmp_path, target_gib=0, draft_gib=0)))
+    assert runner.kv_tokens == runner.target_info.max_batch_size * runner.target_info.usable_seq_len

@@ -16,7 +16,7 @@ free_gpu_memory_fraction)``, ``ParallelConfig`` (``CommunicationMode.ORCHESTRATO
 ``Response.has_error() / error_msg / result``, ``Result.output_token_ids / finish_reasons / is_final /
 generation_logits``.
 
-What the runtime does that shapes this module (fact sheet §0, each from TensorRT-LLM's source):
+What the runtime does that shapes this module (read from TensorRT-LLM's source; docs/tensorrt-llm.md):
 the end token is never in ``output_token_ids``, only ``finish_reasons[0] == END_ID`` says it came
 (externalDraftTokensKernels.cu: "Do not increase seq len when EOS is generated"), so a completion
 carries ``ended``; KV block reuse is required for a draft-tokens target and is what makes re-sending

@@ -228,7 +228,7 @@ class TrtllmSpecRunner:
     def _accepted(self, step: SeqStep, draft: list[int], done: Completion, end_id: int) -> SeqResult:
         if done.error is not None:
             return self._failed(step, f"target engine: {done.error}")
-        # the end token is not among the tokens, the finish reason says it came (fact sheet §0.1)
+        # the end token is never among the tokens: finish_reasons END_ID says it came (docs/tensorrt-llm.md)
         tokens = [*done.tokens, end_id] if done.ended else list(done.tokens)
         tokens = tokens[: len(draft) + 1]
         if not tokens:

@@ -141,13 +141,18 @@ def start_runner(cls: type[TrtllmSpecRunner], config: SpecDecConfig) -> TrtllmSp
         draft_logits=trt.draft_logits,
         chunked_context=trt.chunked_context,
     )
-    runner.kv_tokens = measured_kv_tokens(plan, {"target": target, "draft": draft}, pad_id)
+    # what no plan or measurement gives: the most the runner's sequences could hold (metrics only)
+    most = target_info.max_batch_size * target_info.usable_seq_len
+    runner.kv_tokens = measured_kv_tokens(plan, {"target": target, "draft": draft}, pad_id, most)
     return runner
 
 
-def measured_kv_tokens(plan: KVPlan, executors: dict[str, TrtllmExecutor | None], pad_id: int | None) -> int:
+def measured_kv_tokens(
+    plan: KVPlan, executors: dict[str, TrtllmExecutor | None], pad_id: int | None, fallback: int
+) -> int:
     """Run one one-token request through each executor and read the KV capacity it reports; log it
-    beside the plan. An executor that cannot serve its warm-up request stops the start."""
+    beside the plan. An executor that cannot serve its warm-up request stops the start. The KV
+    figures only feed the metrics: with neither a plan nor a reading, ``fallback`` is reported."""
     measured: dict[str, int] = {}
     for role, executor in executors.items():
         if executor is None:
@@ -166,6 +171,4 @@ def measured_kv_tokens(plan: KVPlan, executors: dict[str, TrtllmExecutor | None]
     if plan.max_tokens and measured and min(measured.values()) < plan.max_tokens:
         logger.warning("an executor holds less KV cache than planned: %s (%s)", line, planned)
     known = [*([plan.max_tokens] if plan.max_tokens else []), *measured.values()]
-    if not known:
-        raise RuntimeError("the executors report no KV cache size and none was planned")
-    return min(known)
+    return min(known) if known else fallback
