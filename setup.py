@@ -13,10 +13,10 @@ from setuptools.warnings import InformationOnly
 warnings.filterwarnings("ignore", message="Editable installation", category=InformationOnly)
 
 
-def kernel(name: str) -> Extension:
+def kernel(name: str, package: str = "engine") -> Extension:
     return Extension(
-        f"trispec.engine._{name}",
-        sources=[f"python_backend/trispec/engine/csrc/{name}.c"],
+        f"trispec.{package}._{name}",
+        sources=[f"python_backend/trispec/{package}/csrc/{name}.c"],
         extra_compile_args=["-O3", "-fopenmp", "-std=gnu11"],
         extra_link_args=["-fopenmp"],
         # without a C compiler the install still succeeds; the engine then falls back to torch's
@@ -25,4 +25,11 @@ def kernel(name: str) -> Extension:
     )
 
 
-setup(ext_modules=[kernel("paged_attention"), kernel("int8_linear"), kernel("gguf_linear")])
+setup(
+    ext_modules=[
+        kernel("paged_attention"),
+        kernel("int8_linear"),
+        kernel("gguf_linear"),
+        kernel("perturbed_argmax", "sampling"),
+    ]
+)

@@ -237,8 +237,8 @@ def test_seeded_sampling_depends_on_the_seed() -> None:
 
 
 def test_wide_model_drafts_are_batch_invariant() -> None:
-    """The draft model's own proposals (and their probabilities, which sampling uses) do not depend on
-    the batch either: checked on the wide shape, where oneDNN's one-row path differs."""
+    """The draft model's own proposals (and their probabilities, which the rejection rule uses) do not
+    depend on the batch either: checked on the wide shape, where oneDNN's one-row path differs."""
     from trispec.drafters.base import DraftRequest
     from trispec.sampling import SamplingParams, make_generator
 
@@ -246,7 +246,7 @@ def test_wide_model_drafts_are_batch_invariant() -> None:
         drafter = ModelDrafter(engine("wide", "bfloat16"))
         rng = random.Random(9)
         seqs = [[rng.randrange(2048) for _ in range(rng.randrange(5, 60))] for _ in range(n_others + 1)]
-        params = SamplingParams(temperature=0.8, seed=3)
+        params = SamplingParams(temperature=0.8, seed=3, rule="rejection")
         requests = []
         for i, tokens in enumerate(seqs):
             drafter.add_sequence(i, 200)  # the proposal feeds the whole sequence: its cache is empty

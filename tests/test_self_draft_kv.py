@@ -1,7 +1,8 @@
 """A self-draft catches its cache up from the target's keys and values (``ModelDrafter(kv_source=)``):
-no prompt is fed through the draft model again, outputs stay the target's, and seeded sampled
-requests keep feeding their own (what a copy brings depends on how the target's prefill was chunked,
-which depends on the batch)."""
+no prompt is fed through the draft model again, outputs stay the target's. Under the rejection rule
+seeded sampled requests keep feeding their own (what a copy brings depends on how the target's
+prefill was chunked, which depends on the batch, and their draws depend on the drafts); under the
+coupled rule they take the copy too: their output does not depend on the drafts."""
 
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ def test_the_draft_cache_takes_the_targets_prompt_instead_of_feeding_it() -> Non
     greedy = SamplingParams()
     assert first_proposal(shared=False, sampling=greedy) == len(PROMPT) - 1
     assert first_proposal(shared=True, sampling=greedy) == 0
-    # a seeded sampled request feeds its own, as without a source
-    assert first_proposal(shared=True, sampling=SamplingParams(temperature=0.8, seed=3)) == len(PROMPT) - 1
+    # a seeded sampled request: the copy under the coupled rule, its own feed under the rejection rule
+    assert first_proposal(shared=True, sampling=SamplingParams(temperature=0.8, seed=3)) == 0
+    by_rejection = SamplingParams(temperature=0.8, seed=3, rule="rejection")
+    assert first_proposal(shared=True, sampling=by_rejection) == len(PROMPT) - 1
 
 
 def test_no_draft_while_the_target_has_not_seen_the_prompt() -> None:
@@ -76,12 +79,15 @@ def test_outputs_stay_the_targets(k: int) -> None:
     assert llm.scheduler.stats.draft_tokens > 0
 
 
-def seeded_tokens(prompts: list[list[int]], seeds: list[int]) -> list[int]:
+def seeded_tokens(prompts: list[list[int]], seeds: list[int], sampling_rule: str) -> list[int]:
     """The last request's tokens, sampled with its seed after the others; prompts longer than the
     prefill budget, so how the target's prefill of it is chunked depends on who else is prefilling."""
     target = tiny_engine(0)
     llm = spec_engine(
-        target, ModelDrafter(tiny_engine(0, weight_quant="int8"), target), max_prefill_tokens_per_step=24
+        target,
+        ModelDrafter(tiny_engine(0, weight_quant="int8"), target),
+        max_prefill_tokens_per_step=24,
+        sampling_rule=sampling_rule,
     )
     ids = [
         llm.add_request(
@@ -94,8 +100,9 @@ def seeded_tokens(prompts: list[list[int]], seeds: list[int]) -> list[int]:
     return tokens_of(run_to_completion(llm)[ids[-1]])
 
 
-def test_a_seeded_request_samples_the_same_alone_and_batched() -> None:
+@pytest.mark.parametrize("sampling_rule", ["coupled", "rejection"])
+def test_a_seeded_request_samples_the_same_alone_and_batched(sampling_rule: str) -> None:
     prompts = [[(13 * i + 7 * j) % 256 for i in range(40 + 9 * j)] for j in range(5)]
-    alone = seeded_tokens(prompts[-1:], [9])
-    assert seeded_tokens(prompts, [5, 6, 7, 8, 9]) == alone
-    assert seeded_tokens(prompts[2:], [7, 8, 9]) == alone
+    alone = seeded_tokens(prompts[-1:], [9], sampling_rule)
+    assert seeded_tokens(prompts, [5, 6, 7, 8, 9], sampling_rule) == alone
+    assert seeded_tokens(prompts[2:], [7, 8, 9], sampling_rule) == alone

@@ -425,8 +425,10 @@ class AlwaysPlain(GoodputController):
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [1, 2, 3]]
 
 
-def run(controller: GoodputController | None, **request: object) -> list[list]:
-    llm = spec_engine(tiny_engine(0), model_drafter(0, dtype="bfloat16"), adaptive_speculation=False)
+def run(controller: GoodputController | None, sampling_rule: str = "coupled", **request: object) -> list[list]:
+    llm = spec_engine(
+        tiny_engine(0), model_drafter(0, dtype="bfloat16"), adaptive_speculation=False, sampling_rule=sampling_rule
+    )
     llm.scheduler.controller = controller
     ids = [
         llm.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=30, num_draft_tokens=4, **request))  # type: ignore[arg-type]
@@ -444,16 +446,22 @@ def test_switching_between_drafting_and_plain_mid_request_keeps_the_output() -> 
         assert 0 < stats.drafts < stats.rounds  # both kinds of step really ran
 
 
-def test_plain_choice_makes_plain_steps_except_for_seeded_requests() -> None:
+def test_plain_choice_makes_plain_steps_except_for_seeded_requests_under_the_rejection_rule() -> None:
     plain = run(AlwaysPlain())
     assert [tokens_of(o) for o in plain] == [tokens_of(o) for o in run(None)]
     for outputs in plain:
         stats = outputs[-1].stats
         assert stats.draft_tokens == 0 and stats.rounds == 30  # one token per plain round
-    # a seeded sampled request drafts its own k whatever the controller says (its draws depend on k)
+    # the coupled rule: a seeded sampled request's output does not depend on k, so the controller's
+    # choice holds for it too, and the text is the same
     seeded = run(AlwaysPlain(), temperature=0.8, seed=5)
-    assert all(outputs[-1].stats.draft_tokens > 0 for outputs in seeded)
+    assert all(outputs[-1].stats.draft_tokens == 0 for outputs in seeded)
     assert [tokens_of(o) for o in seeded] == [tokens_of(o) for o in run(None, temperature=0.8, seed=5)]
+    # the rejection rule: it drafts its own k whatever the controller says (its draws depend on k)
+    by_rejection = run(AlwaysPlain(), "rejection", temperature=0.8, seed=5)
+    assert all(outputs[-1].stats.draft_tokens > 0 for outputs in by_rejection)
+    expected = run(None, "rejection", temperature=0.8, seed=5)
+    assert [tokens_of(o) for o in by_rejection] == [tokens_of(o) for o in expected]
 
 
 def test_the_real_controller_keeps_the_output() -> None:

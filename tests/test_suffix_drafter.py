@@ -260,10 +260,10 @@ def test_greedy_speculative_equals_target(
     assert 0 < drafter.global_size <= len(prompts) * (MAX_TOKENS + 1)
 
 
-def test_sampled_proposals_are_one_hot() -> None:
+def test_sampled_proposals_are_one_hot_under_the_rejection_rule() -> None:
     drafter = SuffixDrafter(VOCAB)
     drafter.add_sequence(0, 4096)
-    sampled = SamplingParams(temperature=0.8, seed=3)
+    sampled = SamplingParams(temperature=0.8, seed=3, rule="rejection")
     tokens = [*SPAN, 5, *SPAN[:10]]
     (proposal,) = drafter.propose([DraftRequest(0, tokens, 4, sampled, torch.Generator().manual_seed(3))])
     assert proposal.tokens == SPAN[10:14]
@@ -275,6 +275,10 @@ def test_sampled_proposals_are_one_hot() -> None:
     assert drafter.propose([DraftRequest(0, tokens, 4, GREEDY, None)])[0].probs is None
     (empty,) = drafter.propose([DraftRequest(1, [7, 8, 9], 4, sampled, None)])
     assert empty.tokens == []
+    # the coupled rule checks tokens only: no q
+    coupled = SamplingParams(temperature=0.8, seed=3)
+    (plain,) = drafter.propose([DraftRequest(0, tokens, 4, coupled, None)])
+    assert plain.tokens == SPAN[10:14] and plain.probs is None
     assert empty.probs is None
 
 
@@ -333,9 +337,10 @@ def test_cost_per_step_is_bounded() -> None:
     assert per_step_ms < 20
 
 
-def test_seeded_sampled_requests_draft_from_their_own_index_only() -> None:
-    """A seeded request's output depends on its drafts; drafts from other requests' outputs would
-    tie it to whatever else ran. Greedy and unseeded requests use the global index."""
+def test_seeded_sampled_requests_draft_from_their_own_index_only_under_the_rejection_rule() -> None:
+    """Under the rejection rule a seeded request's output depends on its drafts; drafts from other
+    requests' outputs would tie it to whatever else ran. Greedy, unseeded and coupled requests (whose
+    output does not depend on the drafts) use the global index."""
     rng = random.Random(3)
     output_a = [rng.randrange(256) for _ in range(60)]
     drafter = SuffixDrafter(VOCAB)
@@ -346,9 +351,10 @@ def test_seeded_sampled_requests_draft_from_their_own_index_only() -> None:
     prompt = [310, 311, *output_a[:8]]
     for seq_id, sampling, expected in [
         (1, GREEDY, output_a[8:12]),
-        (2, SamplingParams(temperature=0.8), output_a[8:12]),
-        (3, SamplingParams(temperature=0.8, seed=5), []),
-        (4, SamplingParams(temperature=0.0, seed=5), output_a[8:12]),  # greedy: the seed is moot
+        (2, SamplingParams(temperature=0.8, rule="rejection"), output_a[8:12]),
+        (3, SamplingParams(temperature=0.8, seed=5, rule="rejection"), []),
+        (4, SamplingParams(temperature=0.0, seed=5, rule="rejection"), output_a[8:12]),  # greedy
+        (5, SamplingParams(temperature=0.8, seed=5), output_a[8:12]),  # coupled
     ]:
         drafter.add_sequence(seq_id, 4096)
         assert propose(drafter, seq_id, prompt, k=4, sampling=sampling) == expected

@@ -85,11 +85,13 @@ def spec_engine(
     tokenizer: Tokenizer | None = None,
     **config: object,
 ) -> LLMEngine:
-    """Scheduler + torch runner over ``target`` and ``drafter``, as ``SpeculativeLLM`` wires them."""
+    """Scheduler + torch runner over ``target`` and ``drafter``, as ``SpeculativeLLM`` wires them
+    (``sampling_rule``: the runner's, "coupled" by default; the rest: ``SchedulerConfig``)."""
     tokenizer = tokenizer or byte_tokenizer()
     # adaptive speculation chooses by measured time: tests pin it off unless they are about it
     config.setdefault("adaptive_speculation", False)
-    runner = TorchSpecRunner(target, drafter)
+    sampling_rule = str(config.pop("sampling_rule", "coupled"))
+    runner = TorchSpecRunner(target, drafter, sampling_rule=sampling_rule)
     scheduler = Scheduler(
         runner,
         SchedulerConfig(**config),

@@ -1,12 +1,18 @@
-"""Accept/reject rule: which draft tokens the target keeps, plus the one token the target adds.
+"""Accept/reject rules: which draft tokens the target keeps, plus the one token the target adds.
 
-Both rules emit ``num_accepted + 1`` tokens: the accepted draft prefix, then either the target's
+Every rule emits ``num_accepted + 1`` tokens: the accepted draft prefix, then either the target's
 correction at the first rejected position or, when every draft was accepted, a bonus token from the
-target's distribution after the last draft. ``k == 0`` is plain decoding.
+target after the last draft. ``k == 0`` is plain decoding.
 
-:func:`speculative_accept` is lossless speculative sampling (Leviathan et al. 2023, Chen et al. 2023):
-the emitted tokens are distributed exactly as if sampled from the target ``p`` one at a time, whatever
-the draft distribution ``q`` was, as long as each draft token really was drawn from its ``q`` row.
+:func:`accept_matching` is the rule for targets whose token at each row is already chosen: greedy
+(the argmax) and the coupled sampling rule (the perturbed argmax with the request's keyed noise,
+sampling/coupled.py). A draft is kept while it equals the target's token for its row; the output is
+then the target's own, token for token, whatever was drafted.
+
+:func:`speculative_accept` is the rejection rule (Leviathan et al. 2023, Chen et al. 2023): the
+emitted tokens are distributed exactly as if sampled from the target ``p`` one at a time, whatever
+the draft distribution ``q`` was, as long as each draft token really was drawn from its ``q`` row;
+which tokens a seed gives depends on the drafts.
 """
 
 from __future__ import annotations
@@ -42,6 +48,17 @@ def _first_false(flags: list[bool]) -> int:
     return next((i for i, ok in enumerate(flags) if not ok), len(flags))
 
 
+def accept_matching(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> AcceptResult:
+    """Keep drafts while they equal the target's token for their row, then the target's token at the
+    first mismatch (or its bonus token, row k). ``target_tokens`` has ``k + 1`` entries."""
+    drafts = [int(t) for t in draft_tokens]
+    targets = [int(t) for t in target_tokens]
+    if len(targets) != len(drafts) + 1:
+        raise ValueError(f"target_tokens: expected {len(drafts) + 1} tokens, got {len(targets)}")
+    n = _first_false([draft == target for draft, target in zip(drafts, targets, strict=False)])
+    return AcceptResult(num_accepted=n, tokens=[*drafts[:n], targets[n]])
+
+
 def greedy_accept(draft_tokens: Sequence[int], target_logits: torch.Tensor) -> AcceptResult:
     """Keep drafts while they equal the target argmax; then append the target argmax at the stop.
 
@@ -53,9 +70,7 @@ def greedy_accept(draft_tokens: Sequence[int], target_logits: torch.Tensor) -> A
     _check_rows("target_logits", target_logits, k + 1)
     _check_tokens(drafts, target_logits.shape[1])
     # One argmax over all rows, then plain Python: k is small and .tolist() avoids k tensor syncs.
-    target_tokens: list[int] = target_logits.argmax(dim=-1).tolist()
-    n = _first_false([draft == target for draft, target in zip(drafts, target_tokens[:k], strict=False)])
-    return AcceptResult(num_accepted=n, tokens=[*drafts[:n], target_tokens[n]])
+    return accept_matching(drafts, target_logits.argmax(dim=-1).tolist())
 
 
 def _residual_weights(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

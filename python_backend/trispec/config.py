@@ -172,6 +172,17 @@ class SchedulerConfig(_Strict):
         return self
 
 
+class SpeculationConfig(_Strict):
+    """How sampled requests are drawn and verified (docs/determinism.md)."""
+
+    # coupled: a sampled token is the argmax of the logits plus noise keyed by (seed, position,
+    # token); a draft is kept iff it equals the target's token, so a seed gives plain sampling's text
+    # whatever k, drafter or batch. rejection: the p/q test with a residual resample (a little more
+    # acceptance at high temperature; the text depends on the drafts, so seeded requests keep their
+    # own k). TensorRT-LLM samples inside its executor: engine.kind trtllm takes neither.
+    sampling_rule: Literal["coupled", "rejection"] = "coupled"
+
+
 class EngineConfig(_Strict):
     """Which runner executes the draft-verify step: ``torch`` (our PyTorch engine, any machine) or
     ``trtllm`` (TensorRT-LLM 1.2.x engines on NVIDIA GPUs, the ``trtllm`` section)."""
@@ -289,6 +300,7 @@ class SpecDecConfig(_Strict):
     target: ModelConfig
     drafter: DrafterConfig = DrafterConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    speculation: SpeculationConfig = SpeculationConfig()
     defaults: GenerationDefaults = GenerationDefaults()
     serving: ServingConfig = ServingConfig()
     num_threads: int | None = Field(None, ge=1)
@@ -300,6 +312,12 @@ class SpecDecConfig(_Strict):
         if self.engine.kind != "trtllm":
             return self
         trt = self.trtllm or TrtllmConfig()
+        if "sampling_rule" in self.speculation.model_fields_set:
+            raise ConfigError(
+                "speculation.sampling_rule",
+                "is our engine's choice; TensorRT-LLM samples and checks drafts inside its executor "
+                "(the rejection rule): leave it out with engine.kind trtllm",
+            )
         for field, model in (("target", self.target), ("drafter.model", self.drafter.model)):
             if model is not None and model.weights == "gguf":
                 raise ConfigError(

@@ -10,6 +10,8 @@ from trispec.errors import InvalidInputError
 
 # torch.Generator.manual_seed accepts any value representable in 64 bits; we keep seeds non-negative.
 _MAX_SEED = 2**64 - 1
+# how a sampled token is drawn and drafts checked (``speculation.sampling_rule``, sampling/coupled.py)
+SAMPLING_RULES = ("coupled", "rejection")
 
 
 def _real(field: str, value: object) -> float:
@@ -47,6 +49,9 @@ class SamplingParams:
     min_tokens: int = 0
     end_ids: frozenset[int] = field(default_factory=frozenset)
     prompt_len: int = 0
+    # the serving runner's sampling rule, resolved by the scheduler: "coupled" (a seed's tokens do not
+    # depend on the drafts) or "rejection" (they do)
+    rule: str = "coupled"
 
     def __post_init__(self) -> None:
         # Values often arrive as numpy scalars (Triton request tensors): accept any real / integral
@@ -75,6 +80,8 @@ class SamplingParams:
         min_tokens = _integral("min_tokens", self.min_tokens)
         if min_tokens < 0:
             raise InvalidInputError("min_tokens", f"must be >= 0, got {self.min_tokens!r}")
+        if self.rule not in SAMPLING_RULES:
+            raise InvalidInputError("sampling_rule", f"must be one of {', '.join(SAMPLING_RULES)}, got {self.rule!r}")
         object.__setattr__(self, "repetition_penalty", repetition)
         object.__setattr__(self, "min_tokens", min_tokens)
         object.__setattr__(self, "return_log_probs", bool(self.return_log_probs))
@@ -99,6 +106,17 @@ class SamplingParams:
 
     @property
     def seeded(self) -> bool:
-        """Sampled with a seed: the same output is promised on every run, so its draws (which
-        depend on how many drafts each round checks) must see the same k whatever it shares."""
+        """Sampled with a seed: the same output is promised on every run."""
         return not self.greedy and self.seed is not None
+
+    @property
+    def samples_by_rejection(self) -> bool:
+        return not self.greedy and self.rule == "rejection"
+
+    @property
+    def output_depends_on_drafts(self) -> bool:
+        """Seeded and sampled by the rejection rule, whose draws depend on how many drafts each round
+        checks and which: to keep the seed's promise it drafts its own k, from its own tokens only,
+        whatever it shares. Under the coupled rule a seed's tokens are plain sampling's, whatever was
+        drafted."""
+        return self.seeded and self.rule == "rejection"

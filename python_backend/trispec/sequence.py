@@ -71,8 +71,9 @@ class Sequence:
         return self.sampling.end_ids
 
     @property
-    def seeded_sampling(self) -> bool:
-        return self.sampling.seeded
+    def keeps_its_k(self) -> bool:
+        """Its output depends on its drafts (the rejection rule, seeded): adaptive k leaves it alone."""
+        return self.sampling.output_depends_on_drafts
 
     @property
     def finished(self) -> bool:

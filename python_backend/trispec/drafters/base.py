@@ -28,11 +28,17 @@ class DraftRequest:
     sampling: SamplingParams
     generator: torch.Generator | None
 
+    @property
+    def output_position(self) -> int:
+        """The output position of the first draft (the keyed noise's position, sampling/noise.py)."""
+        return len(self.token_ids) - self.sampling.prompt_len
+
 
 @dataclass(frozen=True)
 class DraftProposal:
     tokens: list[int]
-    # the distributions the tokens were drawn from, [len(tokens), vocab]; None under greedy
+    # the distributions the tokens were drawn from, [len(tokens), vocab], for the rejection rule;
+    # None otherwise (greedy, the coupled rule)
     probs: torch.Tensor | None = None
     # verified tokens a model drafter fed beyond the usual one or two (its cache catching up): such a
     # round's draft time says little about the cost of a draft step

@@ -6,9 +6,13 @@ A draft cache fills lazily: a sequence that did not draft for a while first feed
 target's keys and values for those tokens instead (``kv_source``): the same layers would compute
 nearly the same ones, and a copy costs a millisecond where feeding a prompt through the draft model
 cost as much as the target's own prefill on a 2-core CPU; in the round where the target itself first
-sees them (a prompt riding along with the verify pass) it drafts nothing. Not for seeded sampled
-requests: what a copy brings depends on how the target's prefill was chunked, which depends on the
-batch, and their draws must not."""
+sees them (a prompt riding along with the verify pass) it drafts nothing. Not for requests whose
+output depends on their drafts (the rejection rule, seeded): what a copy brings depends on how the
+target's prefill was chunked, which depends on the batch, and their draws must not.
+
+A sampled request's draft token is drawn as the target will draw its own: under the coupled rule the
+perturbed argmax of the draft's logits with the request's keyed noise at that output position
+(sampling/coupled.py), under the rejection rule a sample of its distribution q, which goes along."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from trispec.drafters.base import DraftProposal, DraftRequest
 from trispec.engine.base import Engine, ForwardInput, KVUsage
 from trispec.engine.torch_engine import TorchEngine
 from trispec.logits_rules import apply_rules
-from trispec.sampling import logits_to_probs, sample
+from trispec.sampling import coupled_tokens, logits_to_probs, sample
 
 # tokens a draft model feeds at its first position in a steady round: the last verified token, and
 # the last accepted draft when every draft was accepted
@@ -59,30 +63,47 @@ class ModelDrafter:
         catch_up = {i: max(len(feed) - MAX_OWN_FEED, 0) for i, feed in feeds.items()}
         while active:
             logits = self.engine.forward([ForwardInput(requests[i].seq_id, feeds[i], 1) for i in active])
+            rows = []
             for i, row in zip(active, logits):
                 request = requests[i]
                 if request.sampling.shapes_logits:  # as the verifier will shape p (logits_rules.py)
                     row = apply_rules(row, request.sampling, [*request.token_ids, *tokens[i]])
-                if request.sampling.greedy:
-                    token = int(torch.argmax(row[0]))
-                else:
-                    p = logits_to_probs(row, request.sampling)
-                    token = int(sample(p, request.generator)[0])
-                    probs[i].append(p[0])
+                rows.append(row)
+            drawn = self._draw(
+                [requests[i] for i in active], [len(tokens[i]) for i in active], torch.cat(rows), [probs[i] for i in active]
+            )
+            for i, token in zip(active, drawn):
                 tokens[i].append(token)
                 feeds[i] = [token]
             active = [i for i in active if len(tokens[i]) < requests[i].num_draft_tokens]
         return [
             DraftProposal(
                 tokens[i],
-                torch.stack(probs[i]) if probs[i] and not r.sampling.greedy else None,
+                torch.stack(probs[i]) if probs[i] else None,
                 catch_up.get(i, 0),
             )
             for i, r in enumerate(requests)
         ]
 
+    @staticmethod
+    def _draw(
+        requests: list[DraftRequest], drafted: list[int], logits: torch.Tensor, probs: list[list[torch.Tensor]]
+    ) -> list[int]:
+        """One draft token per request from its row of ``logits`` (``drafted[n]`` drafts already
+        proposed): greedy and coupled rows in one batched call, rejection-rule rows sampled from their
+        q, which is kept in ``probs[n]``."""
+        by_rejection = [n for n, r in enumerate(requests) if r.sampling.samples_by_rejection]
+        positions = [r.output_position + d for r, d in zip(requests, drafted)]
+        drawn = coupled_tokens(logits, [r.sampling for r in requests], positions, skip=set(by_rejection))
+        for n in by_rejection:
+            q = logits_to_probs(logits[n : n + 1], requests[n].sampling)
+            drawn[n] = int(sample(q, requests[n].generator)[0])
+            probs[n].append(q[0])
+        return drawn
+
     def _import_target_kv(self, requests: Sequence[DraftRequest], active: list[int]) -> list[int]:
-        """Catch the draft caches up from the target's (not for seeded requests); the requests that
+        """Catch the draft caches up from the target's (not for requests whose output depends on their
+        drafts); the requests that
         draft this round: not one whose prompt the target has not seen yet (it rides along with this
         step's verify pass), which next round takes from the target rather than through the draft
         model now. Proposing nothing is always allowed: that round decodes plain."""
@@ -90,7 +111,7 @@ class ModelDrafter:
         drafting = []
         for i in active:
             r = requests[i]
-            if r.sampling.seeded:
+            if r.sampling.output_depends_on_drafts:
                 drafting.append(i)
                 continue
             self.engine.import_kv(r.seq_id, self.kv_source, self.kv_source.cached_length(r.seq_id))

@@ -36,8 +36,8 @@ class NgramDrafter(StatelessDrafter):
         for request in requests:
             tokens = ngram_lookup(request.token_ids, request.num_draft_tokens, self.max_ngram, self.min_ngram)
             probs = None
-            if tokens and not request.sampling.greedy:
-                # a deterministic proposal: q is one-hot on the proposed token
+            if tokens and not request.sampling.greedy and request.sampling.rule == "rejection":
+                # the rejection rule's q of a deterministic proposal: one-hot on the proposed token
                 probs = one_hot_probs(tokens, self.vocab_size)
             proposals.append(DraftProposal(tokens, probs))
         return proposals

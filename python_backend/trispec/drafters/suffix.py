@@ -220,13 +220,13 @@ class SuffixDrafter(StatelessDrafter):
         proposals = []
         for request in requests:
             index = self._update(request.seq_id, request.token_ids)
-            # a seeded sampled request's draws depend on its drafts: drafts from other requests'
-            # outputs would make its output depend on what else ran, which the seed rules out
-            seeded = not request.sampling.greedy and request.sampling.seed is not None
-            tokens = self._draft(index, request.num_draft_tokens, use_global=not seeded)
+            # under the rejection rule a seeded request's draws depend on its drafts: drafts from
+            # other requests' outputs would make its output depend on what else ran
+            own_only = request.sampling.output_depends_on_drafts
+            tokens = self._draft(index, request.num_draft_tokens, use_global=not own_only)
             probs = None
-            if tokens and not request.sampling.greedy:
-                # a deterministic proposal: q is one-hot on the proposed token
+            if tokens and not request.sampling.greedy and request.sampling.rule == "rejection":
+                # the rejection rule's q of a deterministic proposal: one-hot on the proposed token
                 probs = one_hot_probs(tokens, self.vocab_size)
             proposals.append(DraftProposal(tokens, probs))
         return proposals

@@ -39,6 +39,12 @@ class SpecRunner(Protocol):
         ...
 
     @property
+    def sampling_rule(self) -> str:
+        """How it draws sampled tokens and checks drafts: "coupled" or "rejection"
+        (``SamplingParams.rule``)."""
+        ...
+
+    @property
     def can_draft(self) -> bool:
         """False when there is no drafter (then every step is plain decoding)."""
         ...

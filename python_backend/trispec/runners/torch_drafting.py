@@ -28,15 +28,16 @@ class DraftSide:
     _draft_failures_in_a_row: int
 
     def _seeded_drafts_fit(self, steps: Sequence[SeqStep]) -> bool:
-        """A seeded sampled sequence must draft its k whatever it shares (see ``_draft_room``): its
-        drafts must fit the draft pool with every other draft cache dropped."""
+        """A sequence whose output depends on its drafts (rejection rule, seeded) must draft its k
+        whatever it shares (see ``_draft_room``): its drafts must fit the draft pool with every other
+        draft cache dropped."""
         usage = self.drafter.kv_usage()
         if usage is None or self.drafting_off:
             return True
         need = sum(
             blocks_for(len(s.token_ids) + s.num_draft_tokens - 1, usage.block_size)
             for s in steps
-            if s.num_draft_tokens and s.sampling.seeded and not s.is_prompt_chunk
+            if s.num_draft_tokens and s.sampling.output_depends_on_drafts and not s.is_prompt_chunk
         )
         return need <= usage.total_blocks
 
@@ -70,9 +71,9 @@ class DraftSide:
     def _draft_room(self, decodes: Sequence[SeqStep], drafting: list[int]) -> list[int]:
         """The drafting sequences the draft model's KV can hold this step. When it cannot hold them
         all, the caches of sequences not drafting now are dropped (they catch up when they next
-        draft), then sequences decode plain this step, newest first; seeded sampled ones last of
-        all, and others' caches are dropped to make room for them, because their draws depend on k
-        (``room_for`` made sure they fit)."""
+        draft), then sequences decode plain this step, newest first; those whose output depends on
+        their drafts (rejection rule, seeded) last of all, and others' caches are dropped to make room
+        for them (``room_for`` made sure they fit)."""
         if not drafting:
             return drafting
 
@@ -85,15 +86,15 @@ class DraftSide:
         now = {decodes[i].seq_id for i in drafting}
         for seq_id in self._drafting - now:
             self._rollback_draft(seq_id, 0)
-        order = sorted(drafting, key=lambda i: (not decodes[i].sampling.seeded, decodes[i].seq_id))
+        order = sorted(drafting, key=lambda i: (not decodes[i].sampling.output_depends_on_drafts, decodes[i].seq_id))
         kept: list[int] = []
         lengths: dict[int, int] = {}
         for n, i in enumerate(order):
             seq_id, length = grows_to(i)
             fits = self.drafter.room_for({**lengths, seq_id: length})
-            if not fits and decodes[i].sampling.seeded:
+            if not fits and decodes[i].sampling.output_depends_on_drafts:
                 for j in order[n + 1 :]:
-                    if not decodes[j].sampling.seeded:
+                    if not decodes[j].sampling.output_depends_on_drafts:
                         self._rollback_draft(decodes[j].seq_id, 0)
                 fits = self.drafter.room_for({**lengths, seq_id: length})
             if fits:

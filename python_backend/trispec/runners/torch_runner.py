@@ -28,7 +28,7 @@ from trispec.runners.torch_drafting import MAX_DRAFT_FAILURES_IN_A_ROW, DraftSid
 from trispec.sampling import make_generator
 from trispec.sampling_params import SamplingParams
 from trispec.step import KVUsage, SeqResult, SeqStep, StepPlan, StepResult
-from trispec.verifier import verify
+from trispec.verifier import verify_round
 
 if TYPE_CHECKING:
     from trispec.runners.graph_round import GraphRound
@@ -39,9 +39,15 @@ __all__ = ["MAX_DRAFT_FAILURES_IN_A_ROW", "TorchSpecRunner"]
 
 class TorchSpecRunner(DraftSide):
     def __init__(
-        self, target: Engine, drafter: Drafter | None = None, graphs: GraphRound | None = None
+        self,
+        target: Engine,
+        drafter: Drafter | None = None,
+        graphs: GraphRound | None = None,
+        sampling_rule: str = "coupled",
     ) -> None:
         self.target = target
+        # how sampled tokens are drawn and drafts checked (speculation.sampling_rule)
+        self.sampling_rule = sampling_rule
         # greedy rounds as CUDA graph replays (runners/graph_round.py); None: every round eager
         self.graphs = graphs
         self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
@@ -61,7 +67,7 @@ class TorchSpecRunner(DraftSide):
             from trispec.runners.graph_round import graph_round_for
 
             graphs = graph_round_for(target, drafter, config.scheduler.max_num_draft_tokens)
-        return cls(target, drafter, graphs)
+        return cls(target, drafter, graphs, config.speculation.sampling_rule)
 
     # -- admission ---------------------------------------------------------------------------
     @property
@@ -95,10 +101,11 @@ class TorchSpecRunner(DraftSide):
         if drafts:
             self.drafter.add_sequence(seq_id, max_length)
             self._drafting.add(seq_id)
-        # the request's own random state: its draws never depend on what it is batched with, nor on
-        # whether it was preempted and recomputed
+        # the rejection rule's random state: the request's own, so its draws never depend on what it
+        # is batched with, nor on whether it was preempted and recomputed (the coupled rule draws
+        # nothing: its noise is keyed by seed and position)
         if seq_id not in self._generators:
-            self._generators[seq_id] = make_generator(sampling)
+            self._generators[seq_id] = make_generator(sampling) if sampling.samples_by_rejection else None
 
     def room_for(self, steps: Sequence[SeqStep]) -> bool:
         lengths = {s.seq_id: s.feed_to + s.num_draft_tokens for s in steps}
@@ -164,8 +171,8 @@ class TorchSpecRunner(DraftSide):
         inputs += [ForwardInput(s.seq_id, s.token_ids[s.num_computed : s.feed_to], 0) for s in chunks]
         logits = self.target.forward(inputs)
         results = {}
-        for s, draft, rows in zip(decodes, drafts, logits):
-            accepted, log_probs = verify(draft, rows, s.sampling, self._generators[s.seq_id], s.token_ids)
+        verified = verify_round(decodes, drafts, logits[: len(decodes)], self._generators)
+        for s, draft, (accepted, log_probs) in zip(decodes, drafts, verified):
             # the caches keep the fed tokens and the accepted drafts; the target's own token is
             # fed in the next step
             computed = s.feed_to + accepted.num_accepted

@@ -112,6 +112,11 @@ class TrtllmSpecRunner:
         return False
 
     @property
+    def sampling_rule(self) -> str:
+        # TensorRT-LLM samples and checks drafts inside its executor (p/q with a residual resample)
+        return "rejection"
+
+    @property
     def can_draft(self) -> bool:
         return self.draft is not None or self.drafter is not None
 

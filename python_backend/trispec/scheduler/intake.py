@@ -5,6 +5,7 @@ against the runner's limits, now or, with ``tokenize_later``, on the thread that
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -99,13 +100,18 @@ class Intake:
             end_ids = self.eos_ids
         else:
             end_ids = frozenset() if request.end_id == -1 else frozenset([request.end_id])
-        # what shapes the distribution and depends on the tokenizer or the prompt (logits_rules.py)
+        # what shapes the distribution and depends on the tokenizer or the prompt (logits_rules.py),
+        # and how the runner samples; every sampled request has a seed (a fresh random one when the
+        # caller gave none, reported in its outputs), so its text can be reproduced and resumed
         sampling = replace(
             request.sampling,
             bad_words_ids=tuple(tuple(ids) for ids in map(self.encode_words, request.bad_words) if ids),
             end_ids=end_ids,
             prompt_len=len(prompt_ids),
+            rule=self.runner.sampling_rule,
         )
+        if not sampling.greedy and sampling.seed is None:
+            sampling = replace(sampling, seed=secrets.randbits(63))
         if not self.runner.shapes_logits:
             _refuse_logits_rules(sampling)
         return Sequence(

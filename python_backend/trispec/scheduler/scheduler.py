@@ -91,15 +91,16 @@ class Scheduler(Intake, Admission):
         return steps
 
     def _choose_ks(self, steps: list[SeqStep]) -> list[SeqStep]:
-        """The adaptive controller's k for each decode step (at most the request's own). A seeded
-        sampled request always drafts its own k: its random draws, hence its output, depend on k,
-        and the seed promises the same output on every run."""
+        """The adaptive controller's k for each decode step (at most the request's own). Under the
+        rejection rule a seeded sampled request always drafts its own k: its random draws, hence its
+        output, depend on k, and the seed promises the same output on every run. Under the coupled
+        rule every request's output is the same whatever k: the controller chooses for all."""
         if self.controller is None:
             return steps
         free = [
             i
             for i, s in enumerate(steps)
-            if not s.is_prompt_chunk and not self._seq(s.seq_id).seeded_sampling
+            if not s.is_prompt_chunk and not self._seq(s.seq_id).keeps_its_k
         ]
         if not free:
             return steps
