@@ -425,9 +425,14 @@ class AlwaysPlain(GoodputController):
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [1, 2, 3]]
 
 
-def run(controller: GoodputController | None, sampling_rule: str = "coupled", **request: object) -> list[list]:
+def run(
+    controller: GoodputController | None, sampling_rule: str = "coupled", **request: object
+) -> list[list]:
     llm = spec_engine(
-        tiny_engine(0), model_drafter(0, dtype="bfloat16"), adaptive_speculation=False, sampling_rule=sampling_rule
+        tiny_engine(0),
+        model_drafter(0, dtype="bfloat16"),
+        adaptive_speculation=False,
+        sampling_rule=sampling_rule,
     )
     llm.scheduler.controller = controller
     ids = [

@@ -10,6 +10,7 @@ from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.ngram import NgramDrafter
+from trispec.drafters.suffix import SuffixDrafter
 from trispec.engine.base import ForwardInput
 from trispec.engine.gguf_tokenizer import load_tokenizer_for_gguf
 from trispec.engine.torch_engine import TorchEngine
@@ -107,6 +108,7 @@ def drafters(target: TorchEngine) -> dict[str, object]:
         "self-int8": _self_draft(weight_quant="int8"),
         "model-bf16": _self_draft(dtype="bfloat16"),
         "ngram": NgramDrafter(target.vocab_size),
+        "suffix": SuffixDrafter(target.vocab_size),
     }
 
 
@@ -144,34 +146,47 @@ def test_smollm2_greedy_exact(
     assert target.kv_usage().used_blocks == 0
 
 
-def test_smollm2_seeded_sampling_same_alone_and_among_seven_others(
+SAMPLED = [{"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.0, "top_k": 40}]
+
+
+def test_smollm2_seeded_sampling_gives_the_plain_text_whatever_k_drafter_or_batch(
     target: TorchEngine, drafters: dict[str, object], tokenizer: Tokenizer, prompt_ids: list[list[int]]
 ) -> None:
-    """T = 0.8 with a fixed seed: the same tokens whatever else is in the batch (and whatever k
-    the others use), through the int8 self-draft and the bf16 model draft."""
+    """Same seed, same text (the coupled rule): 8 prompts x 2 settings sampled plain (k = 0, no
+    drafter), then all 16 batched with each drafter at k = 1, 4, 8 together (48 requests), and one
+    request alone with k = 4: every text is the plain one."""
 
-    def run(drafter_name: str, indices: list[int]) -> list[list[int]]:
-        llm = smollm2_engine(target, drafters[drafter_name], tokenizer, SchedulerConfig(max_context=512))
-        ids = [
+    def run(
+        drafter_name: str | None, ks: tuple[int, ...], indices: range
+    ) -> dict[tuple[int, int, int], list[int]]:
+        drafter = drafters[drafter_name] if drafter_name else None
+        llm = smollm2_engine(target, drafter, tokenizer, SchedulerConfig(max_context=512, max_batch_size=64))
+        cases = {
             llm.add_request(
                 GenerationRequest(
                     prompt_token_ids=prompt_ids[i],
-                    max_tokens=40,
-                    num_draft_tokens=4 if i == indices[0] else i % 9,
-                    temperature=0.8,
+                    max_tokens=32,
+                    num_draft_tokens=k,
                     seed=100 + i,
+                    **SAMPLED[j],
                 )
-            )
+            ): (i, j, k)
+            for k in ks
             for i in indices
-        ]
-        tokens: dict[int, list[int]] = {rid: [] for rid in ids}
+            for j in range(len(SAMPLED))
+        }
+        tokens: dict[int, list[int]] = {rid: [] for rid in cases}
         while llm.has_work():
             for out in llm.step():
                 tokens[out.request_id].extend(out.new_token_ids)
-        return [tokens[rid] for rid in ids]
+        if drafter_name and len(indices) > 1:  # drafts were accepted: the comparison is not empty
+            assert llm.stats.accepted_tokens > 0, drafter_name
+        return {cases[rid]: tokens[rid] for rid in cases}
 
-    for drafter_name in ("self-int8", "model-bf16"):
-        together = run(drafter_name, [3, 0, 1, 2, 4, 5, 6, 7])
-        alone = run(drafter_name, [3])
-        assert together[0] == alone[0], drafter_name
-        assert len(together[0]) == 40
+    plain = {(i, j): t for (i, j, _), t in run(None, (0,), range(8)).items()}
+    assert all(len(t) == 32 for t in plain.values())
+    for drafter_name in ("self-int8", "model-bf16", "ngram", "suffix"):
+        for (i, j, k), tokens in run(drafter_name, (1, 4, 8), range(8)).items():
+            assert tokens == plain[i, j], (drafter_name, i, j, k)
+        alone = run(drafter_name, (4,), range(3, 4))
+        assert all(tokens == plain[i, j] for (i, j, _), tokens in alone.items()), drafter_name

@@ -75,7 +75,11 @@ def sampled_pairs(k: int, settings: dict[str, float], rule: str = "coupled") -> 
     rate (None for k = 0)."""
     llm = spec_engine(engine(0), ModelDrafter(engine(9)), max_batch_size=N, sampling_rule=rule)
     ids = [
-        llm.add_request(GenerationRequest(prompt_token_ids=PROMPT, max_tokens=max(k + 1, 2), num_draft_tokens=k, **settings))
+        llm.add_request(
+            GenerationRequest(
+                prompt_token_ids=PROMPT, max_tokens=max(k + 1, 2), num_draft_tokens=k, **settings
+            )
+        )
         for _ in range(N)
     ]
     outputs = run_to_completion(llm)
@@ -138,7 +142,9 @@ def test_the_rejection_rule_follows_the_target_too(expected: dict[str, np.ndarra
 def test_noise_keyed_without_the_position_is_caught(monkeypatch: pytest.MonkeyPatch, expected: dict) -> None:
     real = coupled.perturbed_argmax
     monkeypatch.setattr(
-        coupled, "perturbed_argmax", lambda scaled, kept, seeds, positions: real(scaled, kept, seeds, [0] * len(seeds))
+        coupled,
+        "perturbed_argmax",
+        lambda scaled, kept, seeds, positions: real(scaled, kept, seeds, [0] * len(seeds)),
     )
     assert law_p_value(sampled_pairs(4, HOT)[0], expected["hot"]) < FAIL
 
@@ -186,7 +192,9 @@ def test_the_pq_test_with_the_drafts_noise_is_caught(monkeypatch: pytest.MonkeyP
 def test_accepting_every_draft_is_caught(monkeypatch: pytest.MonkeyPatch, expected: dict) -> None:
     """Emitting the draft model's own samples must be rejected by the harness."""
     monkeypatch.setattr(
-        verifier, "accept_matching", lambda drafts, targets: accept.accept_matching(drafts, [*drafts, targets[-1]])
+        verifier,
+        "accept_matching",
+        lambda drafts, targets: accept.accept_matching(drafts, [*drafts, targets[-1]]),
     )
     assert law_p_value(sampled_pairs(4, HOT)[0], expected["hot"]) < FAIL
 
@@ -201,6 +209,8 @@ def test_with_penalties_emitted_tokens_follow_the_penalised_target(rule: str, ex
     assert law_p_value(counts, plain) < FAIL
 
 
-def test_a_verifier_that_skips_the_penalties_is_caught(monkeypatch: pytest.MonkeyPatch, expected: dict) -> None:
+def test_a_verifier_that_skips_the_penalties_is_caught(
+    monkeypatch: pytest.MonkeyPatch, expected: dict
+) -> None:
     monkeypatch.setattr(verifier, "apply_rules", lambda logits, *args: logits)
     assert law_p_value(sampled_pairs(3, PENALTIES)[0], expected["penalised"]) < FAIL

@@ -29,6 +29,8 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str
     stats: AcceptanceStats
+    # a sampled request's seed (given, or drawn for it): rerun with it to get the same text
+    seed: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         stats = self.stats.to_dict()
@@ -45,6 +47,7 @@ class GenerationResult:
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
+            "seed": self.seed,
             "stats": {**{k: stats[k] for k in keys}, "accepted_per_position": stats["accepted_per_position"]},
         }
 
@@ -103,5 +106,7 @@ class SpeculativeLLM:
             tokens[i].extend(out.new_token_ids)
             if out.finished:
                 reason = out.finish_reason.value if out.finish_reason else "unknown"
-                results[i] = GenerationResult(requests[i].prompt, texts[i], tokens[i], reason, out.stats)
+                results[i] = GenerationResult(
+                    requests[i].prompt, texts[i], tokens[i], reason, out.stats, out.seed
+                )
         return [r for r in results if r is not None]

@@ -81,7 +81,9 @@ class SamplingParams:
         if min_tokens < 0:
             raise InvalidInputError("min_tokens", f"must be >= 0, got {self.min_tokens!r}")
         if self.rule not in SAMPLING_RULES:
-            raise InvalidInputError("sampling_rule", f"must be one of {', '.join(SAMPLING_RULES)}, got {self.rule!r}")
+            raise InvalidInputError(
+                "sampling_rule", f"must be one of {', '.join(SAMPLING_RULES)}, got {self.rule!r}"
+            )
         object.__setattr__(self, "repetition_penalty", repetition)
         object.__setattr__(self, "min_tokens", min_tokens)
         object.__setattr__(self, "return_log_probs", bool(self.return_log_probs))

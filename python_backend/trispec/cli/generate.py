@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"[{len(result.token_ids)} tokens, {result.finish_reason}; drafted {s.draft_tokens}, "
                 f"accepted {s.accepted_tokens} ({s.acceptance_rate:.0%}), "
-                f"mean accepted length {s.mean_accepted_length:.2f}]",
+                f"mean accepted length {s.mean_accepted_length:.2f}"
+                + (f", seed {result.seed}]" if result.seed is not None else "]"),
                 file=sys.stderr,
             )
     return 0

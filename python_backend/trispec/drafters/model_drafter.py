@@ -70,7 +70,10 @@ class ModelDrafter:
                     row = apply_rules(row, request.sampling, [*request.token_ids, *tokens[i]])
                 rows.append(row)
             drawn = self._draw(
-                [requests[i] for i in active], [len(tokens[i]) for i in active], torch.cat(rows), [probs[i] for i in active]
+                [requests[i] for i in active],
+                [len(tokens[i]) for i in active],
+                torch.cat(rows),
+                [probs[i] for i in active],
             )
             for i, token in zip(active, drawn):
                 tokens[i].append(token)
@@ -87,7 +90,10 @@ class ModelDrafter:
 
     @staticmethod
     def _draw(
-        requests: list[DraftRequest], drafted: list[int], logits: torch.Tensor, probs: list[list[torch.Tensor]]
+        requests: list[DraftRequest],
+        drafted: list[int],
+        logits: torch.Tensor,
+        probs: list[list[torch.Tensor]],
     ) -> list[int]:
         """One draft token per request from its row of ``logits`` (``drafted[n]`` drafts already
         proposed): greedy and coupled rows in one batched call, rejection-rule rows sampled from their

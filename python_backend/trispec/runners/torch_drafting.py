@@ -86,7 +86,9 @@ class DraftSide:
         now = {decodes[i].seq_id for i in drafting}
         for seq_id in self._drafting - now:
             self._rollback_draft(seq_id, 0)
-        order = sorted(drafting, key=lambda i: (not decodes[i].sampling.output_depends_on_drafts, decodes[i].seq_id))
+        order = sorted(
+            drafting, key=lambda i: (not decodes[i].sampling.output_depends_on_drafts, decodes[i].seq_id)
+        )
         kept: list[int] = []
         lengths: dict[int, int] = {}
         for n, i in enumerate(order):

@@ -87,7 +87,9 @@ def reference_perturbed_argmax(
     out = []
     for row, row_mask, seed, position in zip(scaled.float().cpu(), mask.cpu(), seeds, positions, strict=True):
         score = row.double() + gumbel(seed, position, ids)
-        score = torch.where(row_mask & ~torch.isnan(score), score, torch.tensor(-torch.inf, dtype=torch.float64))
+        score = torch.where(
+            row_mask & ~torch.isnan(score), score, torch.tensor(-torch.inf, dtype=torch.float64)
+        )
         if not bool(row_mask.any()):
             raise ValueError("a sampled row kept no token (all its logits are NaN)")
         best = score.max()
@@ -116,7 +118,10 @@ def coupled_tokens(
     scaled = scaled_logits(logits[index], [params[i].temperature for i in sampled])
     kept = find_kept_sets(scaled, [params[i].top_k for i in sampled], [params[i].top_p for i in sampled])
     chosen = perturbed_argmax(
-        scaled, kept, [params[i].seed for i in sampled], [positions[i] for i in sampled]  # type: ignore[misc]
+        scaled,
+        kept,
+        [params[i].seed for i in sampled],
+        [positions[i] for i in sampled],  # type: ignore[misc]
     ).tolist()
     for i, token in zip(sampled, chosen):
         tokens[i] = token

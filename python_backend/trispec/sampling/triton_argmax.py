@@ -77,7 +77,9 @@ def triton_perturbed_argmax(
     n, vocab_size = scores.shape
     device = scores.device
     # seeds are 64-bit unsigned; int64 holds their bits
-    seed_words = torch.tensor([s - 2**64 if s >= 2**63 else s for s in seeds], dtype=torch.int64, device=device)
+    seed_words = torch.tensor(
+        [s - 2**64 if s >= 2**63 else s for s in seeds], dtype=torch.int64, device=device
+    )
     position_words = torch.tensor(list(positions), dtype=torch.int64, device=device)
     out = torch.empty(n, dtype=torch.int64, device=device)
     if n:

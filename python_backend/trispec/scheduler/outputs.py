@@ -32,6 +32,9 @@ class RequestOutput:
     first_scheduled_ns: int | None = None
     # the text of this step's tokens that fall within the request's skip_output_tokens (not in new_text)
     skipped_text: str = ""
+    # a sampled request's seed (the caller's, or the one it was given): the same seed, prompt and
+    # settings give the same text again; None for greedy requests
+    seed: int | None = None
 
 
 def apply_result(seq: Sequence, result: SeqResult, planned_k: int, stats: EngineStats) -> RequestOutput:
@@ -102,4 +105,5 @@ def request_output(
         new_log_probs=log_probs,
         num_prompt_tokens=len(seq.prompt_ids),
         first_scheduled_ns=seq.first_scheduled_ns,
+        seed=None if seq.sampling.greedy else seq.sampling.seed,
     )

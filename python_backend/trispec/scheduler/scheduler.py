@@ -98,9 +98,7 @@ class Scheduler(Intake, Admission):
         if self.controller is None:
             return steps
         free = [
-            i
-            for i, s in enumerate(steps)
-            if not s.is_prompt_chunk and not self._seq(s.seq_id).keeps_its_k
+            i for i, s in enumerate(steps) if not s.is_prompt_chunk and not self._seq(s.seq_id).keeps_its_k
         ]
         if not free:
             return steps
