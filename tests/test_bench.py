@@ -138,9 +138,10 @@ def test_row_fields_and_identity_check() -> None:
     assert row("w", 2, arm, spec_result, plain)["identical_to_plain"] is False
 
 
-def tiny_pair(tmp_path: Path) -> Path:
+def tiny_pair(tmp_path: Path, same_weights: bool = True) -> Path:
     save_tiny_checkpoint(tmp_path / "target", 320, seed=0)
-    save_tiny_checkpoint(tmp_path / "draft", 320, seed=0)  # the same weights: drafts always accepted
+    # the same weights: greedy drafts always accepted; other weights: a draft that disagrees often
+    save_tiny_checkpoint(tmp_path / "draft", 320, seed=0 if same_weights else 1)
     config = tmp_path / "pair.yaml"
     config.write_text(
         "target: {checkpoint: {path: target}, kv_cache_mb: 4}\n"
@@ -291,3 +292,31 @@ def test_combined_repeats_add_up_each_repeat_over_the_workloads() -> None:
     assert _combined_runs(group) == [20.0, 20.0]
     uneven = [{"tokens": 10, "tok_s_runs": [1.0]}, {"tokens": 10, "tok_s_runs": [1.0, 2.0]}]
     assert _combined_runs(uneven) == []
+
+
+@pytest.mark.parametrize(("rule", "identical"), [("coupled", True), ("rejection", False)])
+def test_sampled_arms_give_plains_tokens_under_the_coupled_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rule: str, identical: bool
+) -> None:
+    """--temperature: every request seeded (the same seed per prompt in every arm); under the coupled
+    rule every arm's tokens are plain's, under the rejection rule the fixed-k arm's are not."""
+    try:
+        workloads.humaneval_path()
+    except workloads.WorkloadDataMissing as exc:
+        pytest.skip(f"bench extra not installed: {exc}")
+    config = tiny_pair(tmp_path, same_weights=False)
+    argv = ["--config", str(config), "--workloads", "humaneval", "--concurrency", "2", "--k", "3"]
+    argv += ["--drafters", "model", "--num-prompts", "4", "--max-tokens", "12", "--json", "--threads", "1"]
+    argv += ["--temperature", "0.9", "--top-p", "0.95", "--top-k", "50", "--sampling-rule", rule]
+    assert main(argv) == 0
+    runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    by_arm = {r["arm"]: r for r in runs if r.get("row") == "run"}
+    assert by_arm["model-k3"]["identical_to_plain"] is identical
+    assert by_arm["model-k3"]["accepted_tokens"] > 0
+    if identical:
+        assert by_arm["model-adaptive"]["identical_to_plain"] is True
+
+
+def test_bad_sampling_flags_are_refused_before_loading() -> None:
+    with pytest.raises(SystemExit, match="--top-p"):
+        main(["--temperature", "0.7", "--top-p", "1.5"])

@@ -9,8 +9,9 @@ import dataclasses
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trispec.llm_engine import LLMEngine
 from trispec.request import GenerationRequest
@@ -77,7 +78,12 @@ def run_closed_loop(
     max_tokens: int,
     num_draft_tokens: int,
     on_finish: Callable[[], None] | None = None,
+    sampling: Mapping[str, Any] | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> LoopResult:
+    """``sampling``: temperature / top_k / top_p of every request (greedy when None); ``seeds``: the
+    seed of each prompt's request, the same in every arm, so sampled arms can be compared token for
+    token."""
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     pending = deque(range(len(prompts)))
@@ -91,7 +97,11 @@ def run_closed_loop(
         while pending and len(prompt_of) < concurrency:
             i = pending.popleft()
             request = GenerationRequest(
-                prompt_token_ids=prompts[i], max_tokens=max_tokens, num_draft_tokens=num_draft_tokens
+                prompt_token_ids=prompts[i],
+                max_tokens=max_tokens,
+                num_draft_tokens=num_draft_tokens,
+                seed=seeds[i] if seeds is not None else None,
+                **(sampling or {}),
             )
             prompt_of[engine.add_request(request)] = i
             sent[i] = time.perf_counter()

@@ -3,7 +3,8 @@ arms' warm-up, and one timed closed-loop run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trispec.bench.arms import Arm, DrafterPool
@@ -26,8 +27,21 @@ MAX_WARMUP_RUNS = 8  # an adaptive arm's controller is warm after two or three
 class Bench:
     """The target engine, the drafters by name, and one scheduler per run."""
 
-    def __init__(self, config: SpecDecConfig, max_concurrency: int, max_seq_len: int, max_k: int) -> None:
+    def __init__(
+        self,
+        config: SpecDecConfig,
+        max_concurrency: int,
+        max_seq_len: int,
+        max_k: int,
+        sampling: Mapping[str, Any] | None = None,
+        seed: int = 0,
+    ) -> None:
         self.config = _with_room(config, max_concurrency, max_seq_len + max_k + 1)
+        # sampled arms: every request is seeded as the server seeds it (63 random bits), prompt i
+        # with the same seed in every arm, so that each arm's tokens can be compared with plain's
+        self.sampling = dict(sampling or {})
+        self._seeds = random.Random(seed)
+        self.seeds: dict[str, list[int]] = {}
         self.tokenizer = load_tokenizer(config.target, "target")
         checkpoint = load_checkpoint(config.target.checkpoint.resolve("target.checkpoint"))
         self.target = build_engine(self.config.target, "target", self.config.scheduler, checkpoint)
@@ -47,7 +61,7 @@ class Bench:
                 "adaptive_speculation": arm.adaptive,
             }
         )
-        runner = TorchSpecRunner(self.target, drafter)
+        runner = TorchSpecRunner(self.target, drafter, sampling_rule=self.config.speculation.sampling_rule)
         tokenizer = self.tokenizer
         scheduler = Scheduler(
             runner,
@@ -76,7 +90,14 @@ class Bench:
             max_tokens=max_tokens,
             num_draft_tokens=arm.k,
             on_finish=on_finish,
+            sampling=self.sampling,
+            seeds=self._seeds_of(load.name, len(load.prompts)) if self.sampling else None,
         )
+
+    def _seeds_of(self, workload: str, count: int) -> list[int]:
+        if workload not in self.seeds:
+            self.seeds[workload] = [self._seeds.getrandbits(63) for _ in range(count)]
+        return self.seeds[workload]
 
     def warm_up(self, arm: Arm, load: Workload) -> int:
         """Untimed runs on the workload's warm-up prompts, returning how many: the kernels, and for
@@ -89,7 +110,12 @@ class Bench:
             runs += 1
             engine = self.engine(arm, load.name)
             run_closed_loop(
-                engine, load.warmup, concurrency=2, max_tokens=WARMUP_TOKENS, num_draft_tokens=arm.k
+                engine,
+                load.warmup,
+                concurrency=2,
+                max_tokens=WARMUP_TOKENS,
+                num_draft_tokens=arm.k,
+                sampling=self.sampling,
             )
             controller = engine.scheduler.controller
             if controller is None or controller.warm:

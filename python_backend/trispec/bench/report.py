@@ -59,9 +59,15 @@ class Reporter:
         if self.json_lines:
             return
         source = args.config or "built-in default (SmolLM2-135M-Instruct)"
+        sampling = "greedy"
+        if args.temperature > 0:
+            sampling = (
+                f"sampled T {args.temperature} top-k {args.top_k} top-p {args.top_p} "
+                f"({config.speculation.sampling_rule} rule, seeded)"
+            )
         self.out.print(
             f"specdec-bench: {source}; target {config.target.dtype}; drafters {', '.join(drafters)}; "
-            f"k {args.k}; {args.num_prompts} requests x {args.max_tokens} tokens per point; greedy; "
+            f"k {args.k}; {args.num_prompts} requests x {args.max_tokens} tokens per point; {sampling}; "
             f"{args.threads} threads"
         )
 

@@ -4,8 +4,10 @@ The pair comes from a YAML config (``--config``; default: the built-in SmolLM2 s
 workload (HumanEval code, ShareGPT chat, "edit this code") and each concurrency of the sweep, the same
 prompts run closed-loop through the real in-flight batcher in every arm: ``plain`` (k = 0, the same
 loop), ``<drafter>-k<N>`` (a fixed k) and ``<drafter>-adaptive`` (per-request k chosen by measured
-goodput, capped at the largest ``--k``). Greedy, fixed-length outputs (end-of-sequence ignored), so
-every arm does the same work and must give plain's exact tokens (``identical_to_plain``).
+goodput, capped at the largest ``--k``). Greedy by default, or sampled (``--temperature``, ``--top-k``,
+``--top-p``: every request seeded as the server seeds it, each prompt with the same seed in every arm);
+fixed-length outputs (end-of-sequence ignored), so every arm does the same work and must give plain's
+exact tokens (``identical_to_plain``; under ``--sampling-rule rejection`` sampled arms differ).
 
 Per arm and concurrency: generated tokens/s and the speed-up over plain, TTFT and inter-token latency
 percentiles, acceptance overall and per draft position, the mean k chosen. Also, on request: the peak
@@ -33,7 +35,8 @@ from trispec.bench.sweep import MAX_REPEATS, run_point
 from trispec.bench.workloads import Workload, load_workloads
 from trispec.checkpoints import load_tokenizer
 from trispec.config import SpecDecConfig, load_config
-from trispec.errors import ConfigError
+from trispec.errors import ConfigError, InvalidInputError
+from trispec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from trispec.bench.hf_reference import HFResult
@@ -87,7 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="more runs (in pairs, up to 16) until every arm has run this long at each point",
     )
-    p.add_argument("--seed", type=int, default=0, help="which prompts are drawn")
+    p.add_argument("--seed", type=int, default=0, help="which prompts are drawn (and sampled requests' seeds)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled arms")
+    p.add_argument("--top-k", type=int, default=0, help="sampled arms: top-k (0: off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sampled arms: top-p (1: off)")
+    p.add_argument(
+        "--sampling-rule", choices=["coupled", "rejection"], help="override the config's speculation.sampling_rule"
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--load-memory", action="store_true", help="measure peak RSS while loading the pair")
     p.add_argument("--hf-reference", action="store_true", help="HF assisted generation, same pair/prompts")
@@ -107,6 +116,10 @@ def _checked_flags(args: argparse.Namespace) -> tuple[list[int], list[int], set[
         raise SystemExit("--num-prompts, --max-tokens and --repeats must be >= 1")
     if args.min_seconds < 0:
         raise SystemExit("--min-seconds must be >= 0")
+    try:
+        SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    except InvalidInputError as exc:
+        raise SystemExit(f"--{exc.field.replace('_', '-')}: {exc}") from None
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if not names or not set(names) <= set(workloads.WORKLOADS):
         raise SystemExit(f"--workloads: comma-separated names from {', '.join(workloads.WORKLOADS)}")
@@ -117,6 +130,9 @@ def _pair(args: argparse.Namespace) -> tuple[SpecDecConfig, list[str]]:
     """The pair's config and the drafters to sweep (unknown names fail before anything loads)."""
     try:
         config = load_config(args.config)
+        if args.sampling_rule:
+            speculation = config.speculation.model_copy(update={"sampling_rule": args.sampling_rule})
+            config = config.model_copy(update={"speculation": speculation})
         if config.engine.kind != "torch":
             raise SystemExit("specdec-bench runs the torch engine (engine.kind: torch)")
         drafters = default_drafters(config)
@@ -204,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
             for w in loads
         }
 
-    bench = Bench(config, max(concurrencies), longest + args.max_tokens, max(ks))
+    sampling = None
+    if args.temperature > 0:
+        sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    bench = Bench(config, max(concurrencies), longest + args.max_tokens, max(ks), sampling, args.seed)
     for name in drafters:
         ratio = bench.draft_step_ratio(name)
         if ratio is not None:
