@@ -90,12 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="more runs (in pairs, up to 16) until every arm has run this long at each point",
     )
-    p.add_argument("--seed", type=int, default=0, help="which prompts are drawn (and sampled requests' seeds)")
+    p.add_argument("--seed", type=int, default=0, help="which prompts are drawn, and sampled requests' seeds")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled arms")
     p.add_argument("--top-k", type=int, default=0, help="sampled arms: top-k (0: off)")
     p.add_argument("--top-p", type=float, default=1.0, help="sampled arms: top-p (1: off)")
     p.add_argument(
-        "--sampling-rule", choices=["coupled", "rejection"], help="override the config's speculation.sampling_rule"
+        "--sampling-rule", choices=["coupled", "rejection"], help="instead of speculation.sampling_rule"
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--load-memory", action="store_true", help="measure peak RSS while loading the pair")
