@@ -122,3 +122,17 @@ def test_the_rejection_rules_draws_are_unchanged_by_the_rewrite(settings: dict) 
         draw_new = sample(new, torch.Generator().manual_seed(seed))
         draw_old = sample(old, torch.Generator().manual_seed(seed))
         assert torch.equal(draw_new, draw_old)
+
+
+def test_the_kernels_candidates_are_torch_topks_values() -> None:
+    from trispec.sampling.kept_set import top_candidates
+
+    g = torch.Generator().manual_seed(5)
+    for vocab, m in [(1, 1), (16, 16), (17, 3), (300, 40), (5000, 64), (5000, 1024), (49152, 256)]:
+        x = torch.randn(5, vocab, generator=g) * 3
+        x[1] = x[1].round()  # ties
+        x[2, ::2] = -math.inf
+        values, ids = top_candidates(x, m)
+        assert torch.equal(values, torch.topk(x, m).values), (vocab, m)
+        assert torch.equal(x.gather(-1, ids), values)
+        assert all(len(set(row)) == m for row in ids.tolist())

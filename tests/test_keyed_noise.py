@@ -78,6 +78,25 @@ def test_the_c_kernel_picks_the_reference_tokens(vocab: int) -> None:
     )
 
 
+@pytest.mark.parametrize(("top_k", "top_p"), [(40, 1.0), (5, 0.9), (0, 0.9), (0, 0.3), (1, 1.0)])
+def test_sampling_among_the_candidates_picks_what_the_whole_row_does(top_k: int, top_p: float) -> None:
+    """One setting for every row: the kept set comes with its candidates, and the kernel looks only
+    at those; the tokens are the whole row's (ties at the cut included)."""
+    x = rows(11, 6, 3000)
+    x[1] = x[1].round()  # ties at the cut
+    kept = find_kept_sets(x, [top_k] * 6, [top_p] * 6)
+    seeds, positions = list(range(6)), [9] * 6
+    whole_row = KeptSet(kept.threshold, kept.ties)
+    for seed_shift in range(20):
+        shifted = [s + 100 * seed_shift for s in seeds]
+        assert torch.equal(
+            perturbed_argmax(x, kept, shifted, positions), perturbed_argmax(x, whole_row, shifted, positions)
+        )
+    # rows without ties at the cut come with candidates (rows 0 and 1 above may not)
+    tie_free = torch.randn(4, 3000, generator=torch.Generator().manual_seed(2)) * 3
+    assert find_kept_sets(tie_free, [top_k] * 4, [top_p] * 4).candidates is not None
+
+
 def test_a_row_gets_its_token_whatever_the_batch_threads_or_isa() -> None:
     x = rows(3, 6, 5000)
     kept = find_kept_sets(x, *SETTINGS)
@@ -94,7 +113,7 @@ def test_a_row_gets_its_token_whatever_the_batch_threads_or_isa() -> None:
             out = torch.empty(6, dtype=torch.int64)
             kernel.perturbed_argmax(
                 x.data_ptr(), 6, 5000, 5000, kept.threshold.data_ptr(), kept.ties.data_ptr(),
-                seed_words.data_ptr(), position_words.data_ptr(), out.data_ptr(), threads, isa,
+                seed_words.data_ptr(), position_words.data_ptr(), out.data_ptr(), threads, isa, 0, 0,
             )  # fmt: skip
             assert torch.equal(out, batched), (isa, threads)
 
@@ -146,3 +165,15 @@ def test_ties_past_the_kept_count_are_never_drawn() -> None:
     tokens = perturbed_argmax(x, kept, list(range(n)), [0] * n)
     assert set(tokens.tolist()) == {0, 1, 2}
     assert torch.equal(tokens, reference_perturbed_argmax(x, kept, list(range(n)), [0] * n))
+
+
+def test_ties_past_the_cut_are_never_drawn_among_candidates_either() -> None:
+    """top-k 4 and top-p 0.8 over 5, 3, 3, 3, 1: the nucleus keeps 5 and ONE of the 3s (the lowest
+    id), the candidates (the top 5) are complete, and the kernel looks only at them."""
+    row = torch.tensor([[1.0, 3.0, 0.0, 3.0, 5.0, 3.0, -2.0, 0.5]])
+    n = 400
+    x = row.expand(n, -1).contiguous()
+    kept = find_kept_sets(x, [4] * n, [0.8] * n)
+    assert kept.candidates is not None
+    tokens = perturbed_argmax(x, kept, list(range(n)), [0] * n)
+    assert set(tokens.tolist()) == {1, 4}

@@ -34,6 +34,9 @@ _ISA = isa_level(_kernel)
 
 def scaled_logits(logits: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
     """float32 logits divided by each row's temperature (greedy rows, T = 0, left as they are)."""
+    if len(set(temperatures)) == 1:  # one division by a scalar: what every row would get
+        temp = temperatures[0]
+        return logits.float() / (temp if temp > 0 else 1.0)
     t = torch.tensor([temp if temp > 0 else 1.0 for temp in temperatures], dtype=torch.float32)
     return logits.float() / t.to(logits.device).unsqueeze(-1)
 
@@ -59,6 +62,10 @@ def perturbed_argmax(
     seed_words = torch.tensor([s & 0xFFFFFFFFFFFFFFFF for s in seeds], dtype=torch.uint64)
     position_words = torch.tensor(list(positions), dtype=torch.int64)
     out = torch.empty(n, dtype=torch.int64)
+    candidates, width = None, 0
+    if kept.candidates is not None:  # ascending ids, -1 (none) first: ties are counted in id order
+        candidates = torch.sort(kept.candidates.to(torch.int64), dim=-1).values.contiguous()
+        width = candidates.shape[1]
     _kernel.perturbed_argmax(
         scores.data_ptr(),
         n,
@@ -71,6 +78,8 @@ def perturbed_argmax(
         out.data_ptr(),
         torch.get_num_threads(),
         _ISA,
+        candidates.data_ptr() if candidates is not None else 0,
+        width,
     )
     if bool((out < 0).any()):
         raise ValueError("a sampled row kept no token (all its logits are NaN)")
@@ -108,21 +117,21 @@ def coupled_tokens(
     the perturbed argmax over the kept set for sampled rows (their seeds must be set). ``logits``
     ``[n, V]`` already shaped by the request rules; ``positions`` the output position of each row;
     rows in ``skip`` are the caller's (their entry is the argmax)."""
-    tokens = logits.argmax(dim=-1).tolist()
     sampled = [i for i, p in enumerate(params) if not p.greedy and i not in skip]
-    if not sampled:
-        return tokens
+    if len(sampled) == len(params):  # every row sampled: no copies of the rows
+        tokens = [0] * len(params)
+        rows = logits
+    else:
+        tokens = logits.argmax(dim=-1).tolist()
+        if not sampled:
+            return tokens
+        rows = logits[torch.tensor(sampled, device=logits.device)]
     if any(params[i].seed is None for i in sampled):
         raise ValueError("the coupled rule samples with the request's seed: every sampled request needs one")
-    index = torch.tensor(sampled, device=logits.device)
-    scaled = scaled_logits(logits[index], [params[i].temperature for i in sampled])
+    scaled = scaled_logits(rows, [params[i].temperature for i in sampled])
     kept = find_kept_sets(scaled, [params[i].top_k for i in sampled], [params[i].top_p for i in sampled])
-    chosen = perturbed_argmax(
-        scaled,
-        kept,
-        [params[i].seed for i in sampled],
-        [positions[i] for i in sampled],  # type: ignore[misc]
-    ).tolist()
+    seeds = [params[i].seed for i in sampled]
+    chosen = perturbed_argmax(scaled, kept, seeds, [positions[i] for i in sampled]).tolist()  # type: ignore[arg-type]
     for i, token in zip(sampled, chosen):
         tokens[i] = token
     return tokens

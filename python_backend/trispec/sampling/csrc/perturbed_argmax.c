@@ -285,14 +285,41 @@ static int64_t row_argmax(const float* s, int64_t V, float threshold, int64_t ti
     return best_id;
 }
 
+/* The same choice when the caller knows every token at or above the threshold: `ids` (m of them,
+ * ascending, -1 for none) are the only ones looked at, ties counted among them in id order. */
+static int64_t candidates_argmax(const float* s, const int64_t* ids, int64_t m, float threshold,
+                                 int64_t ties, uint64_t seed, int64_t position) {
+    double best = -INFINITY;
+    int64_t best_id = -1, cached_group = -1, seen_ties = 0;
+    uint32_t words[4];
+    for (int64_t j = 0; j < m; j++) {
+        const int64_t x = ids[j];
+        if (x < 0) continue;
+        const float v = s[x];
+        if (!(v >= threshold)) continue;
+        if (v == threshold && seen_ties++ >= ties) continue;
+        if ((x >> 2) != cached_group) {
+            cached_group = x >> 2;
+            group_words(words, seed, position, cached_group);
+        }
+        const double score = (double)v + gumbel_of(words[x & 3]);
+        if (best_id < 0 || score > best || (score == best && x < best_id)) {
+            best = score;
+            best_id = x;
+        }
+    }
+    return best_id;
+}
+
 static PyObject* perturbed_argmax(PyObject* self, PyObject* args) {
     (void)self;
-    unsigned long long scores, thresholds, ties, seeds, positions, out;
-    long long n, V, row_stride;
+    unsigned long long scores, thresholds, ties, seeds, positions, out, candidates;
+    long long n, V, row_stride, m;
     int num_threads, isa;
-    if (!PyArg_ParseTuple(args, "KLLLKKKKKii", &scores, &n, &V, &row_stride, &thresholds, &ties, &seeds,
-                          &positions, &out, &num_threads, &isa))
+    if (!PyArg_ParseTuple(args, "KLLLKKKKKiiKL", &scores, &n, &V, &row_stride, &thresholds, &ties, &seeds,
+                          &positions, &out, &num_threads, &isa, &candidates, &m))
         return NULL;
+    const int64_t* candidate_ids = (const int64_t*)(uintptr_t)candidates;
     if (n < 0 || V < 1 || row_stride < V) {
         PyErr_SetString(PyExc_ValueError, "perturbed_argmax: bad shape");
         return NULL;
@@ -310,8 +337,100 @@ static PyObject* perturbed_argmax(PyObject* self, PyObject* args) {
     Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for schedule(static, 1) num_threads(num_threads < 1 ? 1 : num_threads) if (n > 1)
     for (long long i = 0; i < n; i++)
-        result[i] = row_argmax(s + i * row_stride, V, th[i], tie[i], seed[i], pos[i], copy);
+        result[i] = candidate_ids != NULL
+                        ? candidates_argmax(s + i * row_stride, candidate_ids + i * m, m, th[i], tie[i], seed[i], pos[i])
+                        : row_argmax(s + i * row_stride, V, th[i], tie[i], seed[i], pos[i], copy);
     Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* The k largest values of a row (k <= V), descending, with their ids: a min-heap of k, and a block of
+ * 16 values is skipped without a look at each when its largest is not above the heap's smallest (the
+ * common case once the heap holds large values). NaN values are never taken. Which of equal values'
+ * ids come out is unspecified, as for torch.topk: the kept set uses the values only. */
+typedef struct {
+    float value;
+    int64_t id;
+} Entry;
+
+static void sift_down(Entry* heap, int64_t k, int64_t i) {
+    for (;;) {
+        int64_t smallest = i;
+        const int64_t left = 2 * i + 1, right = 2 * i + 2;
+        if (left < k && heap[left].value < heap[smallest].value) smallest = left;
+        if (right < k && heap[right].value < heap[smallest].value) smallest = right;
+        if (smallest == i) return;
+        const Entry t = heap[i];
+        heap[i] = heap[smallest];
+        heap[smallest] = t;
+        i = smallest;
+    }
+}
+
+static int descending(const void* a, const void* b) {
+    const float x = ((const Entry*)a)->value, y = ((const Entry*)b)->value;
+    return (x < y) - (x > y);
+}
+
+static void row_top(const float* s, int64_t V, int64_t k, Entry* heap) {
+    int64_t filled = 0, x = 0;
+    for (; x < V && filled < k; x++) {
+        if (s[x] != s[x]) continue; /* NaN */
+        heap[filled++] = (Entry){s[x], x};
+    }
+    for (int64_t i = filled / 2 - 1; i >= 0; i--) sift_down(heap, filled, i);
+    for (; x < V; x++) {
+        if ((x & 15) == 0 && x + 16 <= V) {
+            float top = s[x];
+            for (int j = 1; j < 16; j++) top = s[x + j] > top ? s[x + j] : top;
+            if (!(top > heap[0].value)) {
+                x += 15;
+                continue;
+            }
+        }
+        if (s[x] > heap[0].value) {
+            heap[0] = (Entry){s[x], x};
+            sift_down(heap, filled, 0);
+        }
+    }
+    for (int64_t i = filled; i < k; i++) heap[i] = (Entry){-INFINITY, -1}; /* only NaN rows */
+    qsort(heap, (size_t)k, sizeof(Entry), descending);
+}
+
+static PyObject* top_values(PyObject* self, PyObject* args) {
+    (void)self;
+    unsigned long long scores, values_out, ids_out;
+    long long n, V, row_stride, k;
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "KLLLLKKi", &scores, &n, &V, &row_stride, &k, &values_out, &ids_out,
+                          &num_threads))
+        return NULL;
+    if (n < 0 || V < 1 || row_stride < V || k < 1 || k > V) {
+        PyErr_SetString(PyExc_ValueError, "top_values: bad shape");
+        return NULL;
+    }
+    const float* s = (const float*)(uintptr_t)scores;
+    float* values = (float*)(uintptr_t)values_out;
+    int64_t* ids = (int64_t*)(uintptr_t)ids_out;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel num_threads(num_threads < 1 ? 1 : num_threads) if (n > 1) reduction(| : failed)
+    {
+        Entry* heap = (Entry*)malloc(sizeof(Entry) * (size_t)k);
+        if (heap == NULL) failed = 1;
+#pragma omp for schedule(static, 1)
+        for (long long i = 0; i < n; i++) {
+            if (heap == NULL) continue;
+            row_top(s + i * row_stride, V, k, heap);
+            for (long long j = 0; j < k; j++) {
+                values[i * k + j] = heap[j].value;
+                ids[i * k + j] = heap[j].id;
+            }
+        }
+        free(heap);
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -341,10 +460,15 @@ static PyObject* philox(PyObject* self, PyObject* args) {
 
 static PyMethodDef methods[] = {
     {"perturbed_argmax", perturbed_argmax, METH_VARARGS,
-     "perturbed_argmax(scores, n, V, row_stride, thresholds, ties, seeds, positions, out, num_threads): "
-     "out[i] = the kept x with the largest scores[i, x] + G(seeds[i], positions[i], x), over raw data "
-     "pointers: scores float32 [n, row_stride], thresholds float32 [n], ties int64 [n], seeds uint64 "
-     "[n], positions int64 [n], out int64 [n] (-1: nothing kept); isa 512, 2 or 0."},
+     "perturbed_argmax(scores, n, V, row_stride, thresholds, ties, seeds, positions, out, num_threads, isa, "
+     "candidates, m): out[i] = the kept x with the largest scores[i, x] + G(seeds[i], positions[i], x), "
+     "over raw data pointers: scores float32 [n, row_stride], thresholds float32 [n], ties int64 [n], "
+     "seeds uint64 [n], positions int64 [n], out int64 [n] (-1: nothing kept); isa 512, 2 or 0; "
+     "candidates int64 [n, m] ascending ids holding every token at or above the threshold (-1: none), "
+     "or 0 to look at the whole row."},
+    {"top_values", top_values, METH_VARARGS,
+     "top_values(scores, n, V, row_stride, k, values, ids, num_threads): each row's k largest values, "
+     "descending, into values float32 [n, k], their ids into ids int64 [n, k]."},
     {"noise_bits", noise_bits, METH_VARARGS,
      "noise_bits(seed, position, first, count, out): the 32-bit words of tokens first..first+count-1 "
      "into out (uint32 [count])."},
