@@ -73,7 +73,8 @@ INPUTS: tuple[TensorSpec, ...] = (
         "embedding_bias_weights", "TYPE_FP32", (-1,), status="refused", why="embedding bias is not served"
     ),
     TensorSpec("num_draft_tokens", "TYPE_INT32"),
-    # acceptance under sampling always uses the draft's probabilities here; outputs follow the target
+    # acceptance follows speculation.sampling_rule here (coupled: equality with the target's token;
+    # rejection: the draft's probabilities); outputs follow the target
     # either way, as in TensorRT-LLM where the flag only changes how many drafts are accepted
     TensorSpec("use_draft_logits", "TYPE_BOOL"),
     TensorSpec("lora_task_id", "TYPE_UINT64", status="refused", why=_LORA),
