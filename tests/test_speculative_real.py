@@ -1,5 +1,5 @@
 """Greedy exactness on the real SmolLM2-135M-Instruct (fp32 target): speculative output equals the
-target's own greedy output token for token, for every drafter kind and k in {1, 2, 4, 8}."""
+target's own greedy output token for token, for every drafter kind and k in {1, 4, 8}."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_smollm2_greedy_exact(
     prompt_ids: list[list[int]],
     reference: list[list[int]],
 ) -> None:
-    """Every prompt with every k in {1, 2, 4, 8}, all 80 requests batched in flight together."""
+    """Every prompt with every k in {1, 4, 8}, all 60 requests batched in flight together."""
     drafter = drafters[drafter_name]
     llm = smollm2_engine(target, drafter, tokenizer, SchedulerConfig(max_context=512, max_batch_size=80))
     cases = {
@@ -129,7 +129,7 @@ def test_smollm2_greedy_exact(
             i,
             k,
         )
-        for k in (1, 2, 4, 8)
+        for k in (1, 4, 8)
         for i, p in enumerate(prompt_ids)
     }
     tokens: dict[int, list[int]] = {rid: [] for rid in cases}
@@ -185,7 +185,8 @@ def test_smollm2_seeded_sampling_gives_the_plain_text_whatever_k_drafter_or_batc
 
     plain = {(i, j): t for (i, j, _), t in run(None, (0,), range(8)).items()}
     assert all(len(t) == 32 for t in plain.values())
-    for drafter_name in ("self-int8", "model-bf16", "ngram", "suffix"):
+    # (model-bf16 is the same kind of drafter as self-int8: a ModelDrafter)
+    for drafter_name in ("self-int8", "ngram", "suffix"):
         for (i, j, k), tokens in run(drafter_name, (1, 4, 8), range(8)).items():
             assert tokens == plain[i, j], (drafter_name, i, j, k)
         alone = run(drafter_name, (4,), range(3, 4))
