@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from trispec.sampling import find_kept_sets, full_sort_kept_mask, logits_to_probs, sample
+from trispec.sampling import find_kept_sets, full_sort_kept_mask, kept_set, logits_to_probs, sample
 from trispec.sampling_params import SamplingParams
 
 TOP_KS = [0, 1, 2, 3, 7, 40]
@@ -43,8 +43,13 @@ def adversarial_rows(vocab: int = 50) -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.parametrize("finder", ["c kernel", "torch.topk (CUDA, no C kernel)"])
 @pytest.mark.parametrize("name", list(adversarial_rows()))
-def test_the_kept_set_is_the_full_sorts_on_adversarial_rows(name: str) -> None:
+def test_the_kept_set_is_the_full_sorts_on_adversarial_rows(
+    name: str, finder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if finder != "c kernel":
+        monkeypatch.setattr(kept_set, "_kernel", None)
     row = adversarial_rows()[name].unsqueeze(0)
     vocab = row.shape[-1]
     for top_k in [*TOP_KS, vocab - 1, vocab, vocab + 5]:
@@ -55,7 +60,12 @@ def test_the_kept_set_is_the_full_sorts_on_adversarial_rows(name: str) -> None:
             assert expected.sum() >= 1
 
 
-def test_the_kept_set_is_the_full_sorts_over_random_batches_with_mixed_settings() -> None:
+@pytest.mark.parametrize("finder", ["c kernel", "torch.topk (CUDA, no C kernel)"])
+def test_the_kept_set_is_the_full_sorts_over_random_batches_with_mixed_settings(
+    finder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if finder != "c kernel":
+        monkeypatch.setattr(kept_set, "_kernel", None)
     rng = random.Random(0)
     for trial in range(40):
         vocab = rng.choice([2, 9, 64, 300, 5000])
