@@ -1,5 +1,8 @@
 /*
- * The coupled sampling rule's inner loop on the CPU (module trispec.sampling._perturbed_argmax):
+ * The CPU side of sampling (module trispec.sampling._perturbed_argmax): the coupled rule's inner loop,
+ * and the top-k selection the kept set starts from (top_values, below).
+ *
+ * The coupled rule:
  * for each row, the kept token x with the largest  s[x] + G(seed, position, x), where s is the row's
  * temperature-scaled logits and G a Gumbel variate that is a pure function of (seed, position, x)
  * (sampling/noise.py says how; this file must give the same bits, and the tests check it does).
