@@ -4,7 +4,12 @@
    sampled (seeded, end id ignored, so every run produces the same number of tokens), in alternating
    order, at one request with k = 0, and at 8 requests together with k = 0 and k = 4 (adaptive k as
    configured); the median tok/s of each and the ratio sampled / greedy per point.
-2. The sampler alone, per row (``--rows``): the coupled rule (the kept set without a sort, then the
+2. With ``--same-text DRAFTER``: the coupled rule's cost in acceptance against the rejection rule's, on
+   the same texts: the target's own sampled text of HumanEval and ShareGPT prompts (seeded), both
+   models teacher-forced over it, and per position the coupled rule's outcome (the draft's perturbed
+   argmax with the same noise equals the target's token) against the p/q test's acceptance
+   probability (sum of min(p, q)); expected tokens per round at k = ``--k`` from every position.
+3. The sampler alone, per row (``--rows``): the coupled rule (the kept set without a sort, then the
    perturbed argmax with keyed noise) at vocabularies 49,152 and 151,936 and batch 1, 8, 32, beside
    the previous full-sort sampler's sort and an argmax (what greedy pays); and the keyed noise of one
    decode step (batch 8, k 8: 72 target rows + 64 draft rows) against that step's time.
@@ -53,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--points", default="1x0,8x0,8x4", help="requests x k, comma-separated")
     p.add_argument("--rows", action="store_true", help="also time the sampler alone, per row")
-    p.add_argument("--no-end-to-end", action="store_true", help="only the sampler alone")
+    p.add_argument("--no-end-to-end", action="store_true", help="skip the end-to-end points")
+    p.add_argument("--same-text", metavar="DRAFTER", help="coupled vs rejection acceptance on the same texts")
+    p.add_argument("--k", type=int, default=4, help="--same-text: draft tokens per round")
+    p.add_argument("--num-prompts", type=int, default=6, help="--same-text: prompts per workload")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     return p
 
@@ -178,11 +186,80 @@ def noise_share_of_a_step(args: argparse.Namespace) -> None:
     _emit(args, row, text)
 
 
+def _rounds(accept: list[float], k: int) -> float:
+    """Mean expected tokens per round over the rounds that start at each position: ``accept`` per
+    position is an outcome (1/0, the coupled rule: a round stops at the first miss) or a probability
+    (the p/q test: the chance the round gets past it)."""
+    starts = range(len(accept) - k + 1)
+    total = 0.0
+    for t in starts:
+        tokens, alive = 1.0, 1.0
+        for a in accept[t : t + k]:
+            alive *= a
+            tokens += alive
+        total += tokens
+    return total / max(len(starts), 1)
+
+
+def same_text(args: argparse.Namespace) -> None:
+    from trispec.bench.arms import Arm
+    from trispec.bench.closed_loop import run_closed_loop
+    from trispec.bench.harness import Bench
+    from trispec.bench.workloads import load_workloads
+    from trispec.config import load_config
+    from trispec.engine.base import ForwardInput
+    from trispec.sampling.coupled import perturbed_argmax, scaled_logits
+    from trispec.sampling.kept_set import find_kept_sets
+
+    config = load_config(args.config)
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    bench = Bench(config, 1, 1024 + args.max_tokens, args.k, sampling, seed=0)
+    draft = bench.drafters.engine(args.same_text)
+    if draft is None:
+        raise SystemExit("--same-text: name a drafter with a model (e.g. model-int8)")
+    loads = load_workloads(["humaneval", "sharegpt"], bench.tokenizer, args.num_prompts, 0, 0, 1024)
+    plain = Arm("plain", None, 0, False)
+    for load in loads:
+        seeds = bench._seeds_of(load.name, len(load.prompts))
+        texts = run_closed_loop(
+            bench.engine(plain, load.name), load.prompts, concurrency=1, max_tokens=args.max_tokens,
+            num_draft_tokens=0, sampling=sampling, seeds=seeds,
+        ).token_ids  # fmt: skip
+        coupled, rejection = [], []
+        for i, (prompt, text, seed) in enumerate(zip(load.prompts, texts, seeds, strict=True)):
+            rows = {}
+            for name, engine in (("p", bench.target), ("q", draft)):
+                engine.add_sequence(10_000 + i, len(prompt) + len(text))
+                fed = [*prompt, *text[:-1]]
+                logits = engine.forward([ForwardInput(10_000 + i, fed, len(text))])[0]
+                engine.free(10_000 + i)
+                scaled = scaled_logits(logits, [args.temperature] * len(text))
+                kept = find_kept_sets(scaled, [args.top_k] * len(text), [args.top_p] * len(text))
+                rows[name] = (scaled, kept)
+            positions = list(range(len(text)))
+            drafts = perturbed_argmax(*rows["q"], [seed] * len(text), positions).tolist()
+            outcome = [float(d == x) for d, x in zip(drafts, text, strict=True)]
+            p, q = (torch.softmax(s.masked_fill(~k.mask(s), -torch.inf), dim=-1) for s, k in rows.values())
+            overlap = torch.minimum(p, q).sum(dim=-1).tolist()
+            coupled.append(_rounds(outcome, args.k))
+            rejection.append(_rounds(overlap, args.k))
+        c, r = statistics.mean(coupled), statistics.mean(rejection)
+        row = {"section": "same_text", "workload": load.name, "drafter": args.same_text, "k": args.k}
+        row |= {"coupled_tokens_per_round": round(c, 3), "rejection_tokens_per_round": round(r, 3)}
+        row |= {"coupled_vs_rejection": round(c / r, 4), "settings": sampling, "prompts": len(texts)}
+        text = (
+            f"{load.name}: tokens per round at k {args.k}: coupled {c:.3f}, rejection {r:.3f} ({c / r:.3f}x)"
+        )
+        _emit(args, row, text)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     if not args.no_end_to_end:
         end_to_end(args)
+    if args.same_text:
+        same_text(args)
     if args.rows:
         sampler_rows(args)
         noise_share_of_a_step(args)
