@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -56,6 +57,10 @@ class TorchSpecRunner(DraftSide):
         self._drafting: set[int] = set()  # registered with the drafter
         self._draft_failures_in_a_row = 0
         self.drafting_off = False  # set after repeated drafter failures, until restart
+        # steps whose decodes all ran on the graph path / of which some ran eagerly (steps with
+        # prompt chunks alone count in neither)
+        self.graph_rounds = 0
+        self.eager_rounds = 0
 
     @classmethod
     def from_config(cls, config: SpecDecConfig) -> TorchSpecRunner:
@@ -157,8 +162,14 @@ class TorchSpecRunner(DraftSide):
                     f"seq {s.seq_id}: the plan says {s.num_computed} tokens are cached, the cache holds "
                     f"{self.target.cached_length(s.seq_id)}"
                 )
-        if self.graphs is not None and (graphed := self._graph_round(steps)) is not None:
+        graphed = self._graph_round(chunks, decodes) if self.graphs is not None and decodes else None
+        if graphed is not None:
             return graphed
+        if decodes:
+            self.eager_rounds += 1
+        return self._eager_round(chunks, decodes)
+
+    def _eager_round(self, chunks: Sequence[SeqStep], decodes: Sequence[SeqStep]) -> StepResult:
         t0 = time.perf_counter()
         drafts, draft_failed = self._draft(decodes)
         t1 = time.perf_counter()
@@ -197,20 +208,49 @@ class TorchSpecRunner(DraftSide):
             draft_failed=draft_failed,
         )
 
-    def _graph_round(self, steps: Sequence[SeqStep]) -> StepResult | None:
-        """The round on CUDA graphs when it qualifies (None: run it eagerly). A failure there turns
-        the graph path off for good: the round is undone and every round runs eagerly."""
+    def _graph_round(self, chunks: Sequence[SeqStep], decodes: Sequence[SeqStep]) -> StepResult | None:
+        """The decodes on CUDA graphs when they qualify (None: run the step eagerly). Prompt chunks,
+        and the prompt tail a decode feeds before its last token, go first in one eager forward: the
+        same step, two launches. A sequence whose first verify row could not be sampled on the device
+        runs that round eagerly. A failure of the graphs turns them off for good: the step is undone
+        and every round runs eagerly."""
         assert self.graphs is not None
-        ks = self.graphs.ks_for(steps, self.drafting_off)
-        if ks is None:
+        ready = [replace(s, num_computed=len(s.token_ids) - 1) for s in decodes]
+        plan = self.graphs.plan(ready, self.drafting_off)
+        if plan is None:
             return None
+        feeds = [ForwardInput(s.seq_id, s.token_ids[s.num_computed : s.feed_to], 0) for s in chunks]
+        feeds += [
+            ForwardInput(s.seq_id, s.token_ids[s.num_computed : r.num_computed], 0)
+            for s, r in zip(decodes, ready)
+            if r.num_computed > s.num_computed
+        ]
+        prefill_s = 0.0
+        if feeds:
+            t0 = time.perf_counter()
+            self.target.forward(feeds)
+            prefill_s = time.perf_counter() - t0
         try:
-            return self.graphs.run(steps, ks, self._rollback_draft)
+            outcome = self.graphs.run(ready, plan, self._rollback_draft)
         except Exception:
             logger.exception("the CUDA-graph round failed: every round runs eagerly from now on")
             self.graphs = None
-            self._undo(steps)
+            self._undo([*chunks, *decodes])
             return None
+        result = outcome.result
+        results = dict(result.results)
+        for s in chunks:
+            results[s.seq_id] = SeqResult(s.seq_id, num_computed=s.feed_to)
+        draft_s, verify_s = result.draft_time_s, result.verify_time_s + prefill_s
+        if outcome.eager:  # kept sets too wide for the device: those sequences' round, eagerly
+            self._undo(outcome.eager)
+            redo = self._eager_round([], outcome.eager)
+            results.update(redo.results)
+            draft_s, verify_s = draft_s + redo.draft_time_s, verify_s + redo.verify_time_s
+            self.eager_rounds += 1
+        else:
+            self.graph_rounds += 1
+        return StepResult(results, draft_s, verify_s, draft_catch_up_tokens=result.draft_catch_up_tokens)
 
     def _isolate(self, steps: Sequence[SeqStep], exc: Exception) -> StepResult:
         """A batched round raised: undo it, then rerun each sequence alone so that only the ones
