@@ -37,10 +37,13 @@ from trispec.engine.cuda_graphs import (
 )
 from trispec.engine.torch_engine import TorchEngine
 from trispec.runners.graph_plan import Drafters, GraphPlan, plan_round
+from trispec.sampling.graph_sampler import SamplerMode
 from trispec.step import SeqResult, SeqStep, StepResult
 
 # a hook for benchmarks: rewrite the drafts [B_pad, k] on the device before the verify sees them
 DraftOverride = Callable[[torch.Tensor], None]
+# device memory kept free beside a new capture (the eager path's prompt chunks, the allocator's slack)
+CAPTURE_RESERVE_BYTES = 1 << 30
 
 
 @dataclass
@@ -144,7 +147,7 @@ class GraphRound:
     ) -> GraphOutcome:
         """The round in parts of at most the largest graph's size, one after another."""
         catch_up_s, catch_up = self._catch_up(plan)
-        B = self.sizes[-1]
+        B = self._part_size(plan)
         parts = range(0, len(steps), B)
         outcomes = [self._run(steps[i : i + B], _part(plan, i, i + B), rollback_draft) for i in parts]
         results = {seq: r for o in outcomes for seq, r in o.result.results.items()}
@@ -152,6 +155,20 @@ class GraphRound:
         verify_s = sum(o.result.verify_time_s for o in outcomes)
         eager = [s for o in outcomes for s in o.eager]
         return GraphOutcome(StepResult(results, draft_s, verify_s, draft_catch_up_tokens=catch_up), eager)
+
+    def _part_size(self, plan: GraphPlan) -> int:
+        """The largest graph size already captured for this verify mode, or whose capture fits in the
+        device memory left with ``CAPTURE_RESERVE_BYTES`` to spare (its logits and sampler buffers:
+        the bulk of a graph's memory); larger batches run as parts of it."""
+        if not self.verify.capture:
+            return self.sizes[-1]
+        free, _ = torch.cuda.mem_get_info(self.result.device)
+        per_row = self.target.vocab_size * _bytes_per_logit(plan.verify_mode)
+        for size in reversed(self.sizes):
+            captured = (size, plan.verify_mode) in self.verify._graphs
+            if captured or size * (self.max_k + 1) * per_row + CAPTURE_RESERVE_BYTES <= free:
+                return size
+        return self.sizes[0]
 
     def _catch_up(self, plan: GraphPlan) -> tuple[float, int]:
         """Feed the lagging draft caches eagerly (one batched forward, no logits)."""
@@ -273,6 +290,12 @@ class GraphRound:
             self.draft_override(drafts)
         Q = self.max_k + 1
         self.verify.buffers.tokens.view(-1, Q)[:b_pad, 1 : 1 + kr].copy_(drafts)
+
+
+def _bytes_per_logit(mode: SamplerMode) -> int:
+    """Device bytes a verify graph holds per logit (estimate): the bf16 logits, then float32 copies
+    for the scaled logits, the whole row's softmax (top-p) and the log-probabilities."""
+    return 2 + 4 * mode.noise + 8 * mode.kept + 8 * mode.log_probs
 
 
 def _output_position(s: SeqStep) -> int:
