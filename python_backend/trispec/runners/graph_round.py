@@ -147,7 +147,7 @@ class GraphRound:
     ) -> GraphOutcome:
         """The round in parts of at most the largest graph's size, one after another."""
         catch_up_s, catch_up = self._catch_up(plan)
-        B = self._part_size(plan)
+        B = self._part_size(len(steps), plan)
         parts = range(0, len(steps), B)
         outcomes = [self._run(steps[i : i + B], _part(plan, i, i + B), rollback_draft) for i in parts]
         results = {seq: r for o in outcomes for seq, r in o.result.results.items()}
@@ -156,12 +156,13 @@ class GraphRound:
         eager = [s for o in outcomes for s in o.eager]
         return GraphOutcome(StepResult(results, draft_s, verify_s, draft_catch_up_tokens=catch_up), eager)
 
-    def _part_size(self, plan: GraphPlan) -> int:
+    def _part_size(self, n: int, plan: GraphPlan) -> int:
         """The largest graph size already captured for this verify mode, or whose capture fits in the
         device memory left with ``CAPTURE_RESERVE_BYTES`` to spare (its logits and sampler buffers:
         the bulk of a graph's memory); larger batches run as parts of it."""
-        if not self.verify.capture:
-            return self.sizes[-1]
+        want = padded_size(min(n, self.sizes[-1]), self.sizes)
+        if not self.verify.capture or (want, plan.verify_mode) in self.verify._graphs:
+            return self.sizes[-1]  # no driver call on the steady path
         free, _ = torch.cuda.mem_get_info(self.result.device)
         per_row = self.target.vocab_size * _bytes_per_logit(plan.verify_mode)
         for size in reversed(self.sizes):

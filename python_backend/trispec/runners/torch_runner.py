@@ -215,7 +215,10 @@ class TorchSpecRunner(DraftSide):
         runs that round eagerly. A failure of the graphs turns them off for good: the step is undone
         and every round runs eagerly."""
         assert self.graphs is not None
-        ready = [replace(s, num_computed=len(s.token_ids) - 1) for s in decodes]
+        ready = [
+            s if len(s.token_ids) - s.num_computed == 1 else replace(s, num_computed=len(s.token_ids) - 1)
+            for s in decodes
+        ]
         plan = self.graphs.plan(ready, self.drafting_off)
         if plan is None:
             return None
