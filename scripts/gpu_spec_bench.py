@@ -1,26 +1,27 @@
-"""Does speculation pay on a GPU? One prepared run (<= 7 minutes on an H100) of the CUDA-graph path
-on random weights of real Qwen2.5 shapes (bf16, drawn on the GPU), printing JSON lines as it goes
-and a table at the end:
+"""Does speculation pay on a GPU, for all the traffic? One prepared run (<= 6 minutes on an H100,
+``--budget-s 330``) of the CUDA-graph path on random weights of real Qwen2.5 shapes (bf16, drawn on
+the GPU), printing JSON lines as it goes and a table at the end:
 
 1. the copy-bandwidth ceiling (device-to-device copy);
 2. the Triton paged-attention kernel (bf16) against an fp32 reference: max relative error, and its
    time at batch 1 and 32, context 512 and 2048;
 3. step costs, eager ``TorchEngine.forward`` against the graph replay, for 0.5B, 1.5B and 7B at
    batch 1, 8, 32 and context 512, 2048: milliseconds and achieved GB/s (weights, and weights + KV
-   read), verify (k + 1 = 5 rows) / decode and draft / target ratios;
-4. plain greedy tok/s (graph decode, one sync per token) at batch 1 and 8, eager at batch 1;
-5. speculative tok/s, 0.5B draft -> 7B target at batch 1: the draft's replays run for real (its
-   cost is real) but its proposals are replaced on the device by the plain run's tokens, each kept
-   with probability a per position (random weights accept nothing on their own), a in
-   {0.6, 0.7, 0.8, 0.9}, k in {3, 4, 5}; measured tokens per round against (1 - a^(k+1)) / (1 - a),
-   and the match rate with the plain run;
-6. the 7B target as its own draft (same weights): the mechanics' ceiling (a = 1).
+   read), verify (k + 1 = 5 rows) / decode and draft / target ratios; every model with the KV its
+   largest point needs;
+4. the device sampler: the 7B verify graph per sampler mode (greedy, T 0.7, T 0.7 + top-p, log-probs);
+5. plain tok/s on graphs at batch 1, 8, 32, 256, eager at batch 1;
+6. speculative tok/s (scripts/gpu_bench_generation.py): 0.5B draft -> 7B target with an oracle of
+   per-position acceptance a, re-derived from the run's own verified output, at batch 1, 8, 32,
+   greedy and sampled, a ``divergence`` row per greedy cell; a suffix draft; the 7B as its own draft;
+7. the ``scheduler`` section (scripts/gpu_bench_scheduler.py): Scheduler + TorchSpecRunner as served,
+   arms plain, model, sampled, suffix and mix, with ms_per_step, graph_rounds and eager_rounds.
 
     python scripts/gpu_spec_bench.py                      # on the GPU machine
     python scripts/gpu_spec_bench.py --device cpu --tiny  # CI: the same code on tiny models, seconds
 
-The loops drive ``GraphRound`` directly (the scheduler's per-step host work is not in them). Rows
-of a section that would run past the time budget are skipped and say so.
+Sections 5 and 6 drive ``GraphRound`` directly (no scheduler); section 7 is the served path. Rows of a
+section that would run past the time budget are skipped and say so.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ values is flagged ``unfit`` instead (the graph round then takes that row's round
   values with those past ``top_k`` at -inf, whose sum may be added in another order (a softmax's
   order depends on its length). A float32 sum of N positive terms is within N * 2^-24 of the exact
   one in either order, so each probability, and each prefix mass, moves by less than the margin;
-  away from it both keep the same tokens. (A random row of top-k 50 lands there about once in 10^3.)
+  away from it both keep the same tokens. (By our estimate a random top-k 50 row
+  lands there about once in 10^3.)
 
 Top-p alone uses the softmax of the whole row, as the definition does: the same numbers, no margin.
 Rows with neither keep every token (threshold -inf, ties V), as ``find_kept_sets`` leaves them.
