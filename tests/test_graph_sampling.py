@@ -69,13 +69,7 @@ def test_the_device_kept_set_over_random_batches_with_mixed_settings() -> None:
 
 def staged_rows(params: list[SamplingParams], positions: list[int]) -> SamplingRows:
     rows = SamplingRows.allocate(len(params), torch.device("cpu"))
-    for i, (sp, position) in enumerate(zip(params, positions)):
-        if sp.greedy:
-            continue
-        assert sp.seed is not None
-        rows.sampled[i], rows.top_k[i], rows.positions[i] = 1, sp.top_k, position
-        rows.seeds[i] = sp.seed - 2**64 if sp.seed >= 2**63 else sp.seed
-        rows.temperature[i], rows.top_p[i] = sp.temperature, sp.top_p
+    rows.stage(list(zip(params, positions)), 1)
     return rows
 
 

@@ -138,22 +138,9 @@ class StepGraphs:
         return b_pad
 
     def stage_sampling(self, seqs: Sequence[tuple[SamplingParams, int] | None]) -> None:
-        """Each sequence's sampling settings and the output position of its first logit row (its
-        next rows: the following positions); None (or a greedy request) leaves its rows greedy."""
-        h, L = self.host_sampling, self.logits
-        h.pad(len(seqs) * L)
-        for b, seq in enumerate(seqs):
-            if seq is None or seq[0].greedy:
-                continue
-            sp, position = seq
-            r = slice(b * L, (b + 1) * L)
-            assert sp.seed is not None
-            h.sampled[r] = 1
-            h.top_k[r] = sp.top_k
-            h.seeds[r] = sp.seed - 2**64 if sp.seed >= 2**63 else sp.seed
-            h.positions[r] = torch.arange(position, position + L)
-            h.temperature[r] = sp.temperature
-            h.top_p[r] = sp.top_p
+        """Each sequence's sampling settings and the output position of its first logit row
+        (``SamplingRows.stage``)."""
+        self.host_sampling.stage(seqs, self.logits)
 
     def stage_positions(self, positions: Sequence[int | None]) -> int:
         """For a step whose prologue computes its inputs (``advance_one``): each sequence's last

@@ -36,14 +36,13 @@ from trispec.engine.cuda_graphs import (
     padded_size,
 )
 from trispec.engine.torch_engine import TorchEngine
+from trispec.runners.graph_accept import accept_rows
+from trispec.runners.graph_parts import part, part_size, ranges
 from trispec.runners.graph_plan import Drafters, GraphPlan, plan_round
-from trispec.sampling.graph_sampler import SamplerMode
 from trispec.step import SeqResult, SeqStep, StepResult
 
 # a hook for benchmarks: rewrite the drafts [B_pad, k] on the device before the verify sees them
 DraftOverride = Callable[[torch.Tensor], None]
-# device memory kept free beside a new capture (the eager path's prompt chunks, the allocator's slack)
-CAPTURE_RESERVE_BYTES = 1 << 30
 
 
 @dataclass
@@ -147,29 +146,13 @@ class GraphRound:
     ) -> GraphOutcome:
         """The round in parts of at most the largest graph's size, one after another."""
         catch_up_s, catch_up = self._catch_up(plan)
-        B = self._part_size(len(steps), plan)
-        parts = range(0, len(steps), B)
-        outcomes = [self._run(steps[i : i + B], _part(plan, i, i + B), rollback_draft) for i in parts]
+        B = part_size(self.verify, len(steps), plan.verify_mode, self.target.vocab_size)
+        outcomes = [self._run(steps[i:j], part(plan, i, j), rollback_draft) for i, j in ranges(len(steps), B)]
         results = {seq: r for o in outcomes for seq, r in o.result.results.items()}
         draft_s = catch_up_s + plan.propose_s + sum(o.result.draft_time_s for o in outcomes)
         verify_s = sum(o.result.verify_time_s for o in outcomes)
         eager = [s for o in outcomes for s in o.eager]
         return GraphOutcome(StepResult(results, draft_s, verify_s, draft_catch_up_tokens=catch_up), eager)
-
-    def _part_size(self, n: int, plan: GraphPlan) -> int:
-        """The largest graph size already captured for this verify mode, or whose capture fits in the
-        device memory left with ``CAPTURE_RESERVE_BYTES`` to spare (its logits and sampler buffers:
-        the bulk of a graph's memory); larger batches run as parts of it."""
-        want = padded_size(min(n, self.sizes[-1]), self.sizes)
-        if not self.verify.capture or (want, plan.verify_mode) in self.verify._graphs:
-            return self.sizes[-1]  # no driver call on the steady path
-        free, _ = torch.cuda.mem_get_info(self.result.device)
-        per_row = self.target.vocab_size * _bytes_per_logit(plan.verify_mode)
-        for size in reversed(self.sizes):
-            captured = (size, plan.verify_mode) in self.verify._graphs
-            if captured or size * (self.max_k + 1) * per_row + CAPTURE_RESERVE_BYTES <= free:
-                return size
-        return self.sizes[0]
 
     def _catch_up(self, plan: GraphPlan) -> tuple[float, int]:
         """Feed the lagging draft caches eagerly (one batched forward, no logits)."""
@@ -206,24 +189,17 @@ class GraphRound:
         if plan.verify_mode.log_probs:
             log_probs = out[:, 2 * self.max_k + 1 :].view(torch.float64).tolist()
         draft_s = events.first_part()
-        results, eager = {}, []
-        for i, (s, k, row) in enumerate(zip(steps, plan.ks, rows)):
-            proposal = plan.proposals[i]
-            drafts = list(proposal) if proposal is not None else row[:k]
-            targets = row[self.max_k : self.max_k + k + 1]
-            n = next((j for j in range(k) if drafts[j] != targets[j]), k)
-            if targets[n] < 0:  # that row's kept set did not fit: emit up to the row before
-                if n == 0:
-                    eager.append(s)
-                    continue
-                n -= 1
-            computed = s.feed_to + n
+        kept, eager = accept_rows(steps, plan, rows, log_probs, self.max_k)
+        results = {}
+        for s in steps:
+            if (a := kept.get(s.seq_id)) is None:
+                continue
+            computed = s.feed_to + a.num_accepted
             self.target.truncate(s.seq_id, computed)
             rollback_draft(s.seq_id, computed)
-            lp = None
-            if log_probs is not None and s.sampling.return_log_probs:
-                lp = log_probs[i][: n + 1]
-            results[s.seq_id] = SeqResult(s.seq_id, [*drafts[:n], targets[n]], k, n, computed, log_probs=lp)
+            results[s.seq_id] = SeqResult(
+                s.seq_id, a.tokens, a.num_drafted, a.num_accepted, computed, log_probs=a.log_probs
+            )
         return GraphOutcome(StepResult(results, draft_s, time.perf_counter() - t0 - draft_s), eager)
 
     def _stage(self, steps: Sequence[SeqStep], plan: GraphPlan, kr: int) -> None:
@@ -293,27 +269,9 @@ class GraphRound:
         self.verify.buffers.tokens.view(-1, Q)[:b_pad, 1 : 1 + kr].copy_(drafts)
 
 
-def _bytes_per_logit(mode: SamplerMode) -> int:
-    """Device bytes a verify graph holds per logit (estimate): the bf16 logits, then float32 copies
-    for the scaled logits, the whole row's softmax (top-p) and the log-probabilities."""
-    return 2 + 4 * mode.noise + 8 * mode.kept + 8 * mode.log_probs
-
-
 def _output_position(s: SeqStep) -> int:
     """The output position of the token after the sequence's last verified one (the keyed noise's)."""
     return len(s.token_ids) - s.sampling.prompt_len
-
-
-def _part(plan: GraphPlan, start: int, end: int) -> GraphPlan:
-    """The plan of sequences ``[start, end)`` (the catch-up is done once, before the parts)."""
-    return GraphPlan(
-        ks=plan.ks[start:end],
-        proposals=plan.proposals[start:end],
-        model=plan.model[start:end],
-        replays=plan.replays if any(plan.model[start:end]) else 0,
-        verify_mode=plan.verify_mode,
-        draft_mode=plan.draft_mode,
-    )
 
 
 class _Clock:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,6 +25,7 @@ from trispec.drafters.none import NoDrafter
 from trispec.engine.base import Engine, ForwardInput
 from trispec.engine.kv_cache import blocks_for
 from trispec.runners.torch_drafting import MAX_DRAFT_FAILURES_IN_A_ROW, DraftSide
+from trispec.runners.torch_graph_side import GraphSide
 from trispec.sampling import make_generator
 from trispec.sampling_params import SamplingParams
 from trispec.step import KVUsage, SeqResult, SeqStep, StepPlan, StepResult
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["MAX_DRAFT_FAILURES_IN_A_ROW", "TorchSpecRunner"]
 
 
-class TorchSpecRunner(DraftSide):
+class TorchSpecRunner(DraftSide, GraphSide):
     def __init__(
         self,
         target: Engine,
@@ -207,53 +207,6 @@ class TorchSpecRunner(DraftSide):
             draft_catch_up_tokens=catch_up,
             draft_failed=draft_failed,
         )
-
-    def _graph_round(self, chunks: Sequence[SeqStep], decodes: Sequence[SeqStep]) -> StepResult | None:
-        """The decodes on CUDA graphs when they qualify (None: run the step eagerly). Prompt chunks,
-        and the prompt tail a decode feeds before its last token, go first in one eager forward: the
-        same step, two launches. A sequence whose first verify row could not be sampled on the device
-        runs that round eagerly. A failure of the graphs turns them off for good: the step is undone
-        and every round runs eagerly."""
-        assert self.graphs is not None
-        ready = [
-            s if len(s.token_ids) - s.num_computed == 1 else replace(s, num_computed=len(s.token_ids) - 1)
-            for s in decodes
-        ]
-        plan = self.graphs.plan(ready, self.drafting_off)
-        if plan is None:
-            return None
-        feeds = [ForwardInput(s.seq_id, s.token_ids[s.num_computed : s.feed_to], 0) for s in chunks]
-        feeds += [
-            ForwardInput(s.seq_id, s.token_ids[s.num_computed : r.num_computed], 0)
-            for s, r in zip(decodes, ready)
-            if r.num_computed > s.num_computed
-        ]
-        prefill_s = 0.0
-        if feeds:
-            t0 = time.perf_counter()
-            self.target.forward(feeds)
-            prefill_s = time.perf_counter() - t0
-        try:
-            outcome = self.graphs.run(ready, plan, self._rollback_draft)
-        except Exception:
-            logger.exception("the CUDA-graph round failed: every round runs eagerly from now on")
-            self.graphs = None
-            self._undo([*chunks, *decodes])
-            return None
-        result = outcome.result
-        results = dict(result.results)
-        for s in chunks:
-            results[s.seq_id] = SeqResult(s.seq_id, num_computed=s.feed_to)
-        draft_s, verify_s = result.draft_time_s, result.verify_time_s + prefill_s
-        if outcome.eager:  # kept sets too wide for the device: those sequences' round, eagerly
-            self._undo(outcome.eager)
-            redo = self._eager_round([], outcome.eager)
-            results.update(redo.results)
-            draft_s, verify_s = draft_s + redo.draft_time_s, verify_s + redo.verify_time_s
-            self.eager_rounds += 1
-        else:
-            self.graph_rounds += 1
-        return StepResult(results, draft_s, verify_s, draft_catch_up_tokens=result.draft_catch_up_tokens)
 
     def _isolate(self, steps: Sequence[SeqStep], exc: Exception) -> StepResult:
         """A batched round raised: undo it, then rerun each sequence alone so that only the ones

@@ -12,12 +12,14 @@ softmax for greedy rows, the kept distribution for sampled ones.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from trispec.sampling.device_kept_set import device_kept_sets
 from trispec.sampling.kept_set import KeptSet
+from trispec.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,25 @@ class SamplingRows:
             field[:n] = 0
         self.temperature[:n] = 1.0
         self.top_p[:n] = 1.0
+
+    def stage(self, seqs: Sequence[tuple[SamplingParams, int] | None], rows_per_seq: int) -> None:
+        """Host side: sequence b's ``rows_per_seq`` rows from its settings and the output position of
+        its first row (the next rows: the following positions); None (or a greedy request) leaves its
+        rows greedy."""
+        L = rows_per_seq
+        self.pad(len(seqs) * L)
+        for b, seq in enumerate(seqs):
+            if seq is None or seq[0].greedy:
+                continue
+            sp, position = seq
+            assert sp.seed is not None
+            r = slice(b * L, (b + 1) * L)
+            self.sampled[r] = 1
+            self.top_k[r] = sp.top_k
+            self.seeds[r] = sp.seed - 2**64 if sp.seed >= 2**63 else sp.seed
+            self.positions[r] = torch.arange(position, position + L)
+            self.temperature[r] = sp.temperature
+            self.top_p[r] = sp.top_p
 
     def upload(self, host: SamplingRows) -> None:
         self.flat64.copy_(host.flat64, non_blocking=True)
