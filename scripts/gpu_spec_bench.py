@@ -171,16 +171,17 @@ def kernel_check(b: Bench) -> None:
     BS, D = 16, (16 if b.tiny else 128)
     g = torch.Generator(device=b.device).manual_seed(0)
     lengths = [0, 1, 16, 17, 40 if b.tiny else 500]
+    # tiny (interpreted): each code path once; tests/test_triton_attention.py checks the kernel
     for heads, kv_heads, q in ((14, 2, 1), (14, 2, 5), (12, 2, 5)):
         case = _kernel_case(b, g, heads, kv_heads, lengths, q, BS, D)
-        for splits in (1, 4):
+        for splits in (1,) if b.tiny and q > 1 else (1, 4):
             out = paged_attention(*case, block_size=BS, scale=D**-0.5, splits=splits)
             ref = reference_paged_attention(
                 case[0].float(), case[1].float(), case[2].float(), *case[3:], block_size=BS, scale=D**-0.5
             )
             err = ((out.float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item()
             b.emit(section="kernel_error", gqa=heads // kv_heads, q=q, splits=splits, max_rel_err=err)
-    for batch in b.batches:
+    for batch in b.batches[:1] if b.tiny else b.batches:
         for ctx in b.contexts:
             case = _kernel_case(b, g, 28, 4, [ctx] * batch, 1, BS, D)
             splits = splits_for(batch, 4)

@@ -37,7 +37,7 @@ def test_the_bench_runs_every_section_on_tiny_models(tmp_path: Path) -> None:
     assert not [r for r in rows if "skipped" in r]
     sections = {"env", "copy", "kernel_error", "kernel_time", "build", "step", "ratios", "sampler", "plain"}
     assert sections | {"spec", "divergence", "scheduler"} <= set(by)
-    assert len(by["kernel_error"]) == 6 and all(r["max_rel_err"] < 1e-4 for r in by["kernel_error"])
+    assert len(by["kernel_error"]) == 4 and all(r["max_rel_err"] < 1e-4 for r in by["kernel_error"])
     assert len(by["step"]) == 3 * 2 * 2  # models x batches x (decode, verify) at the one tiny context
     assert all(r["graph_ms"] > 0 and r["eager_ms"] > 0 for r in by["step"])
     assert {"c_0.5b_7b", "verify_over_decode_7b"} <= set(by["ratios"][0])
