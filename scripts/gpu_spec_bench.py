@@ -1,26 +1,27 @@
-"""Does speculation pay on a GPU? One prepared run (<= 7 minutes on an H100) of the CUDA-graph path
-on random weights of real Qwen2.5 shapes (bf16, drawn on the GPU), printing JSON lines as it goes
-and a table at the end:
+"""Does speculation pay on a GPU, for all the traffic? One prepared run (<= 6 minutes on an H100,
+``--budget-s 330``) of the CUDA-graph path on random weights of real Qwen2.5 shapes (bf16, drawn on
+the GPU), printing JSON lines as it goes and a table at the end:
 
 1. the copy-bandwidth ceiling (device-to-device copy);
 2. the Triton paged-attention kernel (bf16) against an fp32 reference: max relative error, and its
    time at batch 1 and 32, context 512 and 2048;
 3. step costs, eager ``TorchEngine.forward`` against the graph replay, for 0.5B, 1.5B and 7B at
    batch 1, 8, 32 and context 512, 2048: milliseconds and achieved GB/s (weights, and weights + KV
-   read), verify (k + 1 = 5 rows) / decode and draft / target ratios;
-4. plain greedy tok/s (graph decode, one sync per token) at batch 1 and 8, eager at batch 1;
-5. speculative tok/s, 0.5B draft -> 7B target at batch 1: the draft's replays run for real (its
-   cost is real) but its proposals are replaced on the device by the plain run's tokens, each kept
-   with probability a per position (random weights accept nothing on their own), a in
-   {0.6, 0.7, 0.8, 0.9}, k in {3, 4, 5}; measured tokens per round against (1 - a^(k+1)) / (1 - a),
-   and the match rate with the plain run;
-6. the 7B target as its own draft (same weights): the mechanics' ceiling (a = 1).
+   read), verify (k + 1 = 5 rows) / decode and draft / target ratios; every model with the KV its
+   largest point needs;
+4. the device sampler: the 7B verify graph per sampler mode (greedy, T 0.7, T 0.7 + top-p, log-probs);
+5. plain tok/s on graphs at batch 1, 8, 32, 256, eager at batch 1;
+6. speculative tok/s (scripts/gpu_bench_generation.py): 0.5B draft -> 7B target with an oracle of
+   per-position acceptance a, re-derived from the run's own verified output, at batch 1, 8, 32,
+   greedy and sampled, a ``divergence`` row per greedy cell; a suffix draft; the 7B as its own draft;
+7. the ``scheduler`` section (scripts/gpu_bench_scheduler.py): Scheduler + TorchSpecRunner as served,
+   arms plain, model, sampled, suffix and mix, with ms_per_step, graph_rounds and eager_rounds.
 
     python scripts/gpu_spec_bench.py                      # on the GPU machine
     python scripts/gpu_spec_bench.py --device cpu --tiny  # CI: the same code on tiny models, seconds
 
-The loops drive ``GraphRound`` directly (the scheduler's per-step host work is not in them). Rows
-of a section that would run past the time budget are skipped and say so.
+Sections 5 and 6 drive ``GraphRound`` directly (no scheduler); section 7 is the served path. Rows of a
+section that would run past the time budget are skipped and say so.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import time
@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="tiny models and sizes (CI on CPU)")
-    parser.add_argument("--budget-s", type=float, default=390.0, help="skip what would run past this")
+    parser.add_argument("--budget-s", type=float, default=330.0, help="skip what would run past this")
     parser.add_argument("--tokens", type=int, default=256, help="tokens per generation")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON lines here")
     return parser.parse_args(argv)
@@ -61,9 +61,7 @@ from trispec.engine.base import ForwardInput  # noqa: E402
 from trispec.engine.cuda_graphs import SeqRows, StepGraphs  # noqa: E402
 from trispec.engine.static_attention import reference_paged_attention  # noqa: E402
 from trispec.engine.torch_engine import TorchEngine  # noqa: E402
-from trispec.runners.graph_round import GraphRound  # noqa: E402
 from trispec.sampling_params import SamplingParams  # noqa: E402
-from trispec.step import SeqStep  # noqa: E402
 
 # Qwen2.5 shapes (scripts/cuda_step_costs.py); one vocabulary for all three (the 0.5B and 1.5B
 # files say 151936, the 7B 152064: a random target could emit an id its draft cannot embed)
@@ -100,9 +98,11 @@ class Bench:
         self.batches = (1, 2) if self.tiny else (1, 8, 32)
         self.contexts = (40,) if self.tiny else (512, 2048)
         self.tokens = 24 if self.tiny else args.tokens
-        self.sizes = (1, 2) if self.tiny else (1, 8, 32)
+        # graph sizes; plain decoding also runs past the largest (in parts) on the tiny models
+        self.sizes = (1, 2, 4) if self.tiny else (1, 8, 32, 256)
+        self.plain_batches = (1, 2, 8) if self.tiny else (1, 8, 32, 256)
         # the tiny run only has to pass through every code path once
-        self.ks, self.accepts = ((3,), (0.7,)) if self.tiny else ((3, 4, 5), (0.6, 0.7, 0.8, 0.9))
+        self.ks, self.accepts = ((3,), (0.7,)) if self.tiny else ((3, 4), (0.6, 0.7, 0.8, 0.9))
 
     def emit(self, **row: Any) -> None:
         row["t_s"] = round(time.perf_counter() - self.t0, 1)
@@ -171,16 +171,17 @@ def kernel_check(b: Bench) -> None:
     BS, D = 16, (16 if b.tiny else 128)
     g = torch.Generator(device=b.device).manual_seed(0)
     lengths = [0, 1, 16, 17, 40 if b.tiny else 500]
+    # tiny (interpreted): each code path once; tests/test_triton_attention.py checks the kernel
     for heads, kv_heads, q in ((14, 2, 1), (14, 2, 5), (12, 2, 5)):
         case = _kernel_case(b, g, heads, kv_heads, lengths, q, BS, D)
-        for splits in (1, 4):
+        for splits in (1,) if b.tiny and q > 1 else (1, 4):
             out = paged_attention(*case, block_size=BS, scale=D**-0.5, splits=splits)
             ref = reference_paged_attention(
                 case[0].float(), case[1].float(), case[2].float(), *case[3:], block_size=BS, scale=D**-0.5
             )
             err = ((out.float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item()
             b.emit(section="kernel_error", gqa=heads // kv_heads, q=q, splits=splits, max_rel_err=err)
-    for batch in b.batches:
+    for batch in b.batches[:1] if b.tiny else b.batches:
         for ctx in b.contexts:
             case = _kernel_case(b, g, 28, 4, [ctx] * batch, 1, BS, D)
             splits = splits_for(batch, 4)
@@ -282,136 +283,68 @@ def ratios(b: Bench, graph_ms: dict[tuple, float]) -> None:
         b.emit(**row)
 
 
-# -- 4-6: generation ------------------------------------------------------------------------------
+# -- 3b: the device sampler's cost ---------------------------------------------------------------
 
 
-def prompts(b: Bench, batch: int, vocab: int) -> list[list[int]]:
-    rng = random.Random(batch)
-    return [[rng.randrange(vocab) for _ in range(16 if b.tiny else 64)] for _ in range(batch)]
+def sampler_costs(b: Bench, engine: TorchEngine) -> None:
+    """The verify graph (5 rows a sequence) per sampler mode: greedy, temperature 0.7, 0.7 with top-p
+    0.9 (the device kept set), and greedy with log-probs; milliseconds and the ratio to greedy."""
+    from trispec.sampling.graph_sampler import SamplerMode
+
+    modes = {
+        "greedy": SamplerMode(),
+        "t0.7": SamplerMode(noise=True),
+        "t0.7_top_p": SamplerMode(noise=True, kept=True),
+        "log_probs": SamplerMode(log_probs=True),
+    }
+    graphs = StepGraphs(engine, rows=5, logits=5, sizes=b.sizes, capture=b.cuda)
+    for batch in b.batches:
+        if not b.time_left(10):
+            b.emit(section="sampler", batch=batch, skipped="time budget")
+            continue
+        sids = _synthetic(engine, batch, b.contexts[0])
+        for sid in sids:
+            engine.blocks.append(sid, 5)
+        ms = {}
+        for name, mode in modes.items():
+            graphs.ensure_captured(batch, mode)
+            graphs.stage([SeqRows([7] * 5, b.contexts[0], engine.blocks.block_table(sid)) for sid in sids])
+            top_p = 0.9 if mode.kept else 1.0
+            sp = SamplingParams(temperature=0.7, top_p=top_p, seed=1, return_log_probs=True)
+            graphs.stage_sampling([(sp, 100) if mode.noise else None for _ in sids])
+            graphs.upload(sampling=True)
+            ms[name] = b.timed(lambda m=mode, n=batch: graphs.run(n, m), iters=3 if b.tiny else 30,
+                               warmup=1 if b.tiny else 5) * 1e3  # fmt: skip
+        for sid in sids:
+            engine.free(sid)
+        ratio = {f"{n}_over_greedy": round(v / ms["greedy"], 3) for n, v in ms.items() if n != "greedy"}
+        b.emit(section="sampler", batch=batch, **{f"{n}_ms": round(v, 3) for n, v in ms.items()}, **ratio)
 
 
-class Generation:
-    """Sequences decoded by ``GraphRound`` rounds, as the runner would drive them."""
-
-    def __init__(
-        self, graphs: GraphRound, drafter: ModelDrafter | None, batch_prompts: list[list[int]]
-    ) -> None:
-        self.graphs, self.drafter = graphs, drafter
-        target = graphs.target
-        self.tokens: list[list[int]] = []
-        self.computed: list[int] = []
-        self.sids = list(range(700_000, 700_000 + len(batch_prompts)))
-        for sid, prompt in zip(self.sids, batch_prompts):
-            target.add_sequence(sid, target.max_context)
-            first = int(target.forward([ForwardInput(sid, prompt, 1)])[0][-1].argmax())
-            if drafter is not None:
-                drafter.add_sequence(sid, target.max_context)
-                drafter.engine.forward([ForwardInput(sid, prompt, 0)])
-            self.tokens.append([*prompt, first])
-            self.computed.append(len(prompt))
-        self.prompt_len = [len(p) for p in batch_prompts]
-        self.rounds = 0
-
-    def output(self, i: int) -> list[int]:
-        return self.tokens[i][self.prompt_len[i] :]
-
-    def round(self, k: int) -> None:
-        greedy = SamplingParams()
-        steps = [
-            SeqStep(sid, list(toks), n, len(toks), k, greedy)
-            for sid, toks, n in zip(self.sids, self.tokens, self.computed)
-        ]
-        rollback = self.drafter.rollback if self.drafter is not None else (lambda s, n: None)
-        result = self.graphs.run(steps, [k] * len(steps), rollback)
-        for i, sid in enumerate(self.sids):
-            r = result.results[sid]
-            self.tokens[i].extend(r.new_token_ids)
-            self.computed[i] = r.num_computed
-        self.rounds += 1
-
-    def free(self) -> None:
-        for sid in self.sids:
-            self.graphs.target.free(sid)
-            if self.drafter is not None:
-                self.drafter.free(sid)
-
-
-def plain(b: Bench, target: TorchEngine, batch: int) -> tuple[float, list[list[int]]]:
-    graphs = GraphRound(target, None, max_k=0, sizes=b.sizes, capture=True)
-    gen = Generation(graphs, None, prompts(b, batch, target.vocab_size))
-    gen.round(0)  # captures
-    b.sync()
-    t = time.perf_counter()
-    while len(gen.output(0)) < b.tokens:
-        gen.round(0)
-    seconds = time.perf_counter() - t
-    made = sum(len(gen.output(i)) - 2 for i in range(batch))
-    outputs = [gen.output(i) for i in range(batch)]
-    gen.free()
-    b.emit(section="plain", path="graph", batch=batch, tok_s=round(made / seconds, 1))
-    return made / seconds, outputs
-
-
-def plain_eager(b: Bench, target: TorchEngine) -> None:
-    sid, prompt = 600_000, prompts(b, 1, target.vocab_size)[0]
-    target.add_sequence(sid, target.max_context)
-    token = int(target.forward([ForwardInput(sid, prompt, 1)])[0][-1].argmax())
-    n = min(b.tokens, 64)
-    t = time.perf_counter()
-    for _ in range(n):
-        token = int(target.forward([ForwardInput(sid, [token], 1)])[0][-1].argmax())
-    b.emit(section="plain", path="eager", batch=1, tok_s=round(n / (time.perf_counter() - t), 1))
-    target.free(sid)
-
-
-def speculative(b: Bench, target: TorchEngine, drafter: ModelDrafter, k: int, a: float | None,
-                reference: list[int], plain_tok_s: float, label: str) -> None:  # fmt: skip
-    """Batch 1. ``a`` None: the draft's own proposals; else the plain run's token at each position,
-    kept with probability ``a`` (else a wrong one), written over the draft's on the device."""
-    graphs = GraphRound(target, drafter, max_k=k, sizes=b.sizes, capture=True)
-    gen = Generation(graphs, drafter, prompts(b, 1, target.vocab_size))
-    rng = random.Random(int(1000 * (a or 1)) + k)
-    staged = torch.zeros(1, k, dtype=torch.int64, pin_memory=b.cuda)
-    vocab = drafter.engine.vocab_size
-
-    def override(drafts: torch.Tensor) -> None:
-        done = len(gen.output(0))
-        for i in range(k):
-            right = reference[done + i] if done + i < len(reference) else 0
-            staged[0, i] = right if rng.random() < a else (right + 1) % vocab  # type: ignore[operator]
-        drafts.copy_(staged[:, : drafts.shape[1]], non_blocking=True)
-
-    if a is not None:
-        graphs.draft_override = override
-    gen.round(k)  # captures
-    b.sync()
-    start_tokens, start_rounds = len(gen.output(0)), gen.rounds
-    t = time.perf_counter()
-    while len(gen.output(0)) < b.tokens:
-        gen.round(k)
-    seconds = time.perf_counter() - t
-    out = gen.output(0)
-    made, rounds = len(out) - start_tokens, gen.rounds - start_rounds
-    n = min(len(out), len(reference))
-    expected = (1 - a ** (k + 1)) / (1 - a) if a is not None else None
-    b.emit(section="spec", draft=label, k=k, a=a, tok_s=round(made / seconds, 1),
-           speedup=round(made / seconds / plain_tok_s, 3), tokens_per_round=round(made / rounds, 3),
-           expected_tokens_per_round=None if expected is None else round(expected, 3),
-           match_rate=round(sum(x == y for x, y in zip(out[:n], reference[:n])) / n, 4))  # fmt: skip
-    gen.free()
+SUMMARY = ("copy", "ratios", "sampler", "plain", "spec", "divergence", "scheduler")
 
 
 def table(b: Bench) -> None:
     print("\n== summary ==")
     for row in b.rows:
-        if row["section"] in ("copy", "ratios", "plain", "spec") or (
-            row["section"] == "step" and "graph_ms" in row
-        ):
+        if row["section"] in SUMMARY or (row["section"] == "step" and "graph_ms" in row):
             print("  ".join(f"{k}={v}" for k, v in row.items() if k != "t_s"))
     print(f"total {time.perf_counter() - b.t0:.1f} s")
 
 
+def kv_mb_for(b: Bench, name: str, tokens: int) -> float:
+    """MiB of KV for ``tokens`` tokens of model ``name`` (plus 10% and a block per sequence's slack):
+    every model gets what its largest point needs (the first H100 run gave the small ones a quarter
+    of it and crashed at batch 32, context 2048)."""
+    a = (TINY if b.tiny else QWEN)[name]
+    per_token = 2 * a["num_layers"] * a["num_kv_heads"] * a["head_dim"] * (2 if b.cuda else 4)
+    return 1.1 * tokens * per_token / 2**20 + 16
+
+
 def main() -> None:
+    from gpu_bench_generation import GREEDY, SAMPLED, plain, plain_eager, speculative, suffix_spec
+    from gpu_bench_scheduler import scheduler_section
+
     b = Bench(ARGS)
     name = torch.cuda.get_device_name(0) if b.cuda else "cpu"
     import triton
@@ -420,27 +353,44 @@ def main() -> None:
     copy_gbs = copy_ceiling(b)
     kernel_check(b)
     max_ctx = max(b.contexts) + 2 * b.tokens + 128
-    kv_mb = 64 if b.tiny else 6144
-    engines = {n: b.engine(n, i, max_ctx, kv_mb if n == "7b" else kv_mb / 4) for i, n in enumerate(QWEN)}
+    # the largest points: step costs (max batch x max context) and plain decoding at the largest batch
+    need = max(max(b.batches) * (max(b.contexts) + 8), b.plain_batches[-1] * (64 + b.tokens + 16))
+    engines = {n: b.engine(n, i, max_ctx, kv_mb_for(b, n, need)) for i, n in enumerate(QWEN)}
     graph_ms = step_costs(b, engines, copy_gbs)
     ratios(b, graph_ms)
     target, draft = engines["7b"], engines["0.5b"]
-    plain_tok_s, outputs = plain(b, target, 1)
-    if b.time_left(20):
-        plain(b, target, max(b.batches[:2]))
+    sampler_costs(b, target)
+    plain_runs = {}
+    for batch in b.plain_batches:
+        if batch == 1 or b.time_left(30):
+            plain_runs[batch] = plain(b, target, batch)
     plain_eager(b, target)
     drafter = ModelDrafter(draft)
-    for k in b.ks:
-        for a in b.accepts:
-            if b.time_left(12):
-                speculative(b, target, drafter, k, a, outputs[0], plain_tok_s, "0.5b")
-            else:
-                b.emit(section="spec", draft="0.5b", k=k, a=a, skipped="time budget")
+    for batch in b.batches:
+        if batch not in plain_runs:
+            continue
+        tok_s, outputs = plain_runs[batch]
+        for k in b.ks:
+            for a in b.accepts if batch == 1 else (0.7,):
+                if b.time_left(15):
+                    speculative(b, target, drafter, k, a, outputs, tok_s, "0.5b")
+                else:
+                    b.emit(section="spec", draft="0.5b", batch=batch, k=k, a=a, skipped="time budget")
+    for batch in b.batches:
+        if not b.time_left(20):
+            b.emit(section="spec", draft="0.5b", batch=batch, temperature=0.7, skipped="time budget")
+            continue
+        tok_s, outputs = plain(b, target, batch, SAMPLED)
+        speculative(b, target, drafter, b.ks[0], 0.7, outputs, tok_s, "0.5b", SAMPLED)
+        if batch in plain_runs:
+            suffix_spec(b, target, batch, b.ks[0], *plain_runs[batch])
     if b.time_left(20):
         # the same weights with a KV pool of their own
         self_draft = TorchEngine(target.model, num_blocks=target.blocks.num_blocks,
                                  block_size=target.block_size, max_context=target.max_context)  # fmt: skip
-        speculative(b, target, ModelDrafter(self_draft), 4, None, outputs[0], plain_tok_s, "7b-self")
+        speculative(b, target, ModelDrafter(self_draft), 4, None, plain_runs[1][1][:1], plain_runs[1][0],
+                    "7b-self", GREEDY)  # fmt: skip
+    scheduler_section(b, target, draft, graph_ms)
     table(b)
 
 

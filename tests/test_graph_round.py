@@ -23,8 +23,10 @@ from trispec.engine.base import ForwardInput
 from trispec.engine.cuda_graphs import SeqRows, StepGraphs
 from trispec.llm_engine import LLMEngine
 from trispec.request import GenerationRequest
+from trispec.runners.graph_plan import GraphPlan
 from trispec.runners.graph_round import GraphRound, graph_round_for
 from trispec.runners.torch_runner import TorchSpecRunner
+from trispec.sampling.graph_sampler import SamplerMode
 from trispec.sampling_params import SamplingParams
 from trispec.scheduler import Scheduler
 from trispec.step import SeqStep
@@ -47,9 +49,9 @@ def graph_llm(kind: str, max_k: int = 4, **config: object) -> tuple[LLMEngine, G
     rounds: list[int] = []
     run = graphs.run
 
-    def counted(steps, ks, rollback):
+    def counted(steps, plan, rollback):
         rounds.append(len(steps))
-        return run(steps, ks, rollback)
+        return run(steps, plan, rollback)
 
     graphs.run = counted  # type: ignore[method-assign]
     runner = TorchSpecRunner(target, drafter, graphs)
@@ -69,7 +71,7 @@ def graph_llm(kind: str, max_k: int = 4, **config: object) -> tuple[LLMEngine, G
 def test_graph_path_output_equals_target_greedy(kind: str) -> None:
     prompts = repeating_prompts(6, seed=3)
     references = [reference_greedy(p, 24) for p in prompts]
-    # a small prefill budget: prompt chunks ride along in some steps (those rounds run eagerly)
+    # a small prefill budget: prompt chunks ride along in some steps (fed eagerly, then the graphs)
     llm, graphs, rounds = graph_llm(kind, max_prefill_tokens_per_step=12)
     ids = [
         llm.add_request(
@@ -80,7 +82,9 @@ def test_graph_path_output_equals_target_greedy(kind: str) -> None:
     outputs = run_to_completion(llm)
     assert [tokens_of(outputs[rid]) for rid in ids] == references
     assert len(rounds) > 5 and max(rounds) > 1  # the graph path ran, batched
-    assert llm.stats.steps > len(rounds)  # and the eager path took the prompt chunks
+    # every step with a decode: prompt chunks and draft catch-ups went eagerly beside the graphs
+    runner = llm.runner
+    assert runner.eager_rounds == 0 and runner.graph_rounds == len(rounds)  # type: ignore[attr-defined]
     if kind == "self":  # a bf16 copy agrees nearly always: long accepted runs, both caches cut back
         assert llm.stats.acceptance_rate > 0.5
     assert graphs.target.kv_usage().used_blocks == 0
@@ -110,15 +114,20 @@ def test_one_graph_round_equals_the_eager_round() -> None:
     graphs = GraphRound(target, drafter, max_k=4, sizes=SIZES, capture=False)
     seen: list[torch.Tensor] = []
     graphs.draft_override = lambda drafts: seen.append(drafts.clone())  # look, do not touch
-    ks = graphs.ks_for(steps, drafting_off=False)
-    assert ks == [3, 1, 2]
-    graphed = graphs.run(steps, ks, drafter.rollback)
+    plan = graphs.plan(steps, drafting_off=False)
+    assert plan is not None and plan.ks == [3, 1, 2]
+    outcome = graphs.run(steps, plan, drafter.rollback)
+    graphed = outcome.result
+    assert not outcome.eager
 
     requests = [DraftRequest(s.seq_id, s.token_ids, 3, s.sampling, None) for s in steps]
     eager_drafts = [p.tokens for p in twin_drafter.propose(requests)]  # the round drafts max k for all
     for s in steps:
         twin_drafter.rollback(s.seq_id, s.num_computed)
-    assert seen[0][:3].tolist() == eager_drafts
+    # each sequence's own k drafts (a shorter k's surplus steps write past its reserved blocks)
+    assert [seen[0][b, :k].tolist() for b, k in enumerate(plan.ks)] == [
+        d[:k] for d, k in zip(eager_drafts, plan.ks)
+    ]
     eager_runner = TorchSpecRunner(twin_target, twin_drafter)
     eager_runner._generators = {s.seq_id: None for s in steps}
     eager_runner._drafting = {s.seq_id for s in steps}
@@ -174,19 +183,30 @@ def test_rounds_that_stay_eager() -> None:
         fields = {f: getattr(steps[0], f) for f in SeqStep.__dataclass_fields__}
         return [SeqStep(**{**fields, "num_draft_tokens": 1, **change})]  # type: ignore[arg-type]
 
-    assert graphs.ks_for(one(), False) == [1]
-    assert graphs.ks_for(one(), True) == [0]  # drafting off: the target's graphs alone
-    assert graphs.ks_for(one(num_draft_tokens=3), False) is None  # past max_k
-    assert graphs.ks_for(one(sampling=SamplingParams(temperature=0.7)), False) is None
-    assert graphs.ks_for(one(sampling=SamplingParams(return_log_probs=True)), False) is None
-    assert graphs.ks_for(one(sampling=SamplingParams(repetition_penalty=1.2)), False) is None
-    assert graphs.ks_for(one(feed_to=3), False) is None  # a prompt chunk
-    assert graphs.ks_for(one(num_computed=3), False) is None  # feeds more than its last token
-    assert graphs.ks_for([*one(), *one(seq_id=1), *one(seq_id=2)], False) is None  # past the largest size
+    def ks(plan: GraphPlan | None) -> list[int] | None:
+        return None if plan is None else plan.ks
+
+    assert ks(graphs.plan(one(), False)) == [1]
+    assert ks(graphs.plan(one(), True)) == [0]  # drafting off: the target's graphs alone
+    assert graphs.plan(one(num_draft_tokens=3), False) is None  # past max_k
+    assert (
+        graphs.plan(one(sampling=SamplingParams(temperature=0.7)), False) is None
+    )  # unseeded: eager says why
+    assert graphs.plan(one(sampling=SamplingParams(temperature=0.7, seed=1, rule="rejection")), False) is None
+    assert graphs.plan(one(sampling=SamplingParams(repetition_penalty=1.2)), False) is None
+    assert graphs.plan(one(feed_to=3), False) is None  # a prompt chunk: the runner feeds it first
+    assert graphs.plan(one(num_computed=3), False) is None  # likewise a prompt tail
     beyond = [*steps[0].token_ids[:-1], drafter.engine.vocab_size]
-    assert graphs.ks_for(one(token_ids=beyond), False) is None  # a token the draft cannot embed
-    drafter.engine.truncate(0, 2)  # the draft cache 4 tokens behind: a catch-up
-    assert graphs.ks_for(one(), False) is None
+    assert graphs.plan(one(token_ids=beyond), False) is None  # a token the draft cannot embed
+    # on the graph path now: sampled (seeded, coupled) rounds, log-probs, parts past the largest size
+    sampled = graphs.plan(one(sampling=SamplingParams(temperature=0.7, top_p=0.9, seed=1)), False)
+    assert sampled is not None and sampled.verify_mode == sampled.draft_mode == SamplerMode(True, True)
+    logged = graphs.plan(one(sampling=SamplingParams(return_log_probs=True)), False)
+    assert logged is not None and logged.verify_mode == SamplerMode(log_probs=True)
+    assert ks(graphs.plan([*one(), *one(seq_id=1), *one(seq_id=2)], True)) == [0, 0, 0]
+    drafter.engine.truncate(0, 2)  # the draft cache 4 tokens behind: caught up eagerly first
+    caught = graphs.plan(one(), False)
+    assert caught is not None and caught.catch_up == {0: list(steps[0].token_ids[2:-1])}
     assert graph_round_for(target, drafter, 4) is None  # a CPU target: no graph path
 
 
@@ -208,11 +228,11 @@ def test_adaptive_speculation_learns_the_graph_rounds_costs() -> None:
     timed: list[tuple[float, float]] = []  # drafting graph rounds: (draft s, verify s)
     run = graphs.run
 
-    def timed_run(steps, ks, rollback):  # type: ignore[no-untyped-def]
-        result = run(steps, ks, rollback)
-        if any(ks):
-            timed.append((result.draft_time_s, result.verify_time_s))
-        return result
+    def timed_run(steps, plan, rollback):  # type: ignore[no-untyped-def]
+        outcome = run(steps, plan, rollback)
+        if any(plan.ks) and not plan.catch_up:
+            timed.append((outcome.result.draft_time_s, outcome.result.verify_time_s))
+        return outcome
 
     graphs.run = timed_run  # type: ignore[method-assign]
     learned: list[tuple[float, float | None]] = []

@@ -7,8 +7,13 @@ staging copy, padding rows pointing at the engine's trash block; one ``upload`` 
 runs the step. Graphs embed no length, table or position: all of them are buffer contents, so the
 ``BlockManager`` stays the single source of truth and rollback stays host bookkeeping.
 
+A step may also choose its tokens by the coupled sampling rule on the device
+(``sampling/graph_sampler.py``): one graph per padded size and ``SamplerMode``, the greedy one being
+the plain step. The per-row sampling settings are staged and uploaded like the other inputs.
+
 Graphs of all sets share one memory pool (``GraphPool``): safe because each graph's results land in
-buffers allocated outside capture and replays run one after another on one stream.
+buffers allocated outside capture and replays run one after another on one stream. Sizes are
+captured on first use; ``pool_bytes`` counts what the captures took from the device.
 """
 
 from __future__ import annotations
@@ -23,8 +28,11 @@ from trispec.engine.kv_cache import blocks_for, slots_of
 from trispec.engine.static_step import StaticBatch, forward_static, static_attend
 from trispec.engine.torch_engine import TorchEngine
 from trispec.engine.triton_attention import splits_for
+from trispec.sampling.graph_sampler import GREEDY, SamplerMode, SamplingRows, choose_tokens
+from trispec.sampling_params import SamplingParams
 
-GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32)
+# past 32, steps of 32: at most 31 padding sequences; a larger batch runs as parts of the largest
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 64, 96, 128, 160, 192, 224, 256)
 
 
 def padded_size(n: int, sizes: Sequence[int]) -> int | None:
@@ -42,9 +50,11 @@ class SeqRows:
 
 
 class GraphPool:
-    """The memory pool all captures share (set by the first capture)."""
+    """The memory pool all captures share (set by the first capture), and the device memory the
+    captures took from it (the growth of reserved memory over each capture)."""
 
     handle: object = None
+    bytes: int = 0
 
 
 class StepGraphs:
@@ -61,10 +71,18 @@ class StepGraphs:
         block_tables: torch.Tensor | None = None,
         prologue: Callable[[StaticBatch], None] | None = None,
         pool: GraphPool | None = None,
+        sampling: SamplingRows | None = None,
+        out_log_probs: torch.Tensor | None = None,
+        advance_noise: bool = False,
+        flag_unfit: bool = False,
+        argmax_kernel: str | None = None,
     ) -> None:
         """``rows`` per sequence; ``logits`` rows per sequence get the head (``rows``: all, 1: the
         last fed one). ``prologue`` runs on the device before the step, inside its graph.
-        ``out_tokens``/``block_tables``: buffers shared with another set (the draft's two steps)."""
+        ``out_tokens``/``block_tables``/``sampling``: buffers shared with another set (the draft's two
+        steps). Sampled modes: ``out_log_probs`` (int64 ``[B, logits]``, float64 bits) takes the
+        log-probabilities, ``advance_noise`` moves each row's noise position on by one before the step
+        (the draft's next step), ``flag_unfit`` marks a row whose kept set does not fit with -1."""
         if logits not in (1, rows):
             raise ValueError("logits per sequence: 1 (the last fed row) or all rows")
         self.engine, self.rows, self.logits = engine, rows, logits
@@ -84,7 +102,13 @@ class StepGraphs:
         self._np = {name: getattr(self.host, name).numpy() for name in _FIELDS}
         self.prologue = prologue
         self.pool = pool or GraphPool()
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        R = B * logits
+        self.sampling = sampling if sampling is not None else SamplingRows.allocate(R, device)
+        self.host_sampling = SamplingRows.allocate(R, torch.device("cpu"), pin=self.capture)
+        self.out_log_probs = out_log_probs
+        self.advance_noise, self.flag_unfit = advance_noise, flag_unfit
+        self.argmax_kernel = argmax_kernel or ("triton" if device.type == "cuda" else "c")
+        self._graphs: dict[tuple[int, SamplerMode], torch.cuda.CUDAGraph] = {}
         self._views: dict[int, tuple[StaticBatch, Callable]] = {}
         self._pad_host(B)
         self.buffers.upload(self.host)
@@ -113,6 +137,11 @@ class StepGraphs:
                 a["logit_rows"][b] = b * Q + max(n - 1, 0)
         return b_pad
 
+    def stage_sampling(self, seqs: Sequence[tuple[SamplingParams, int] | None]) -> None:
+        """Each sequence's sampling settings and the output position of its first logit row
+        (``SamplingRows.stage``)."""
+        self.host_sampling.stage(seqs, self.logits)
+
     def stage_positions(self, positions: Sequence[int | None]) -> int:
         """For a step whose prologue computes its inputs (``advance_one``): each sequence's last
         fed position, None for one that does not take part; returns the padded size."""
@@ -137,39 +166,44 @@ class StepGraphs:
         n = b_pad * self.logits
         a["logit_rows"][:n] = np.arange(n) if self.logits == Q else np.arange(b_pad) * Q
 
-    def upload(self) -> None:
+    def upload(self, sampling: bool = False) -> None:
         self.buffers.upload(self.host)
+        if sampling:
+            self.sampling.upload(self.host_sampling)
 
     # -- device side --------------------------------------------------------------------------
-    def run(self, b_pad: int) -> None:
+    def run(self, b_pad: int, mode: SamplerMode = GREEDY) -> None:
         """One step over the first ``b_pad`` sequences of the buffers (a replay when captured)."""
         if not self.capture:
-            self._step(b_pad)
+            self._step(b_pad, mode)
             return
-        graph = self._graphs.get(b_pad)
+        graph = self._graphs.get((b_pad, mode))
         if graph is None:
-            raise RuntimeError(f"batch size {b_pad} is not captured: call ensure_captured first")
+            raise RuntimeError(f"batch size {b_pad} ({mode}) is not captured: call ensure_captured first")
         graph.replay()
 
-    def ensure_captured(self, b_pad: int) -> None:
-        """Capture the graph for ``b_pad`` (before staging: the warm-up runs on all-padding inputs,
-        so it writes only to the trash block, and leaves them so)."""
-        if not self.capture or b_pad in self._graphs:
+    def ensure_captured(self, b_pad: int, mode: SamplerMode = GREEDY) -> None:
+        """Capture the graph for ``b_pad`` and ``mode`` (before staging: the warm-up runs on
+        all-padding inputs, so it writes only to the trash block, and leaves them so)."""
+        if not self.capture or (b_pad, mode) in self._graphs:
             return
         self._pad_host(self.sizes[-1])
-        self.upload()
+        self.host_sampling.pad(self.host_sampling.sampled.shape[0])
+        self.upload(sampling=not mode.greedy)
+        reserved = torch.cuda.memory_reserved()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up: compiles the kernels outside the capture
-            self._step(b_pad)
+            self._step(b_pad, mode)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool.handle):
-            self._step(b_pad)
+            self._step(b_pad, mode)
         self.pool.handle = graph.pool()
-        self._graphs[b_pad] = graph
+        self.pool.bytes += torch.cuda.memory_reserved() - reserved
+        self._graphs[(b_pad, mode)] = graph
 
-    def _step(self, b_pad: int) -> None:
+    def _step(self, b_pad: int, mode: SamplerMode = GREEDY) -> None:
         if b_pad not in self._views:
             sb = self.buffers.prefix(b_pad)
             args = self.engine.args
@@ -179,7 +213,24 @@ class StepGraphs:
         sb, attend = self._views[b_pad]
         if self.prologue is not None:
             self.prologue(sb)
-        forward_static(self.engine.model, self.engine.kv, sb, attend)
+        rows = self.sampling.prefix(b_pad * self.logits)
+        if mode.noise and self.advance_noise:  # one logit row per sequence
+            rows.positions.add_((sb.q_lens > 0).long())
+        logits = forward_static(self.engine.model, self.engine.kv, sb, attend)
+        if mode.greedy:
+            return
+        tokens, log_probs = choose_tokens(
+            logits,
+            sb.out_tokens.reshape(-1),
+            rows,
+            mode,
+            flag_unfit=self.flag_unfit,
+            kernel=self.argmax_kernel,
+        )
+        if mode.noise:  # else the argmax, already there
+            sb.out_tokens.copy_(tokens.view(sb.out_tokens.shape))
+        if log_probs is not None and self.out_log_probs is not None:
+            self.out_log_probs[:b_pad].copy_(log_probs.view(torch.int64).view(b_pad, self.logits))
 
 
 _FIELDS = ("tokens", "positions", "slots", "logit_rows", "block_tables", "seq_lens", "q_lens")

@@ -25,6 +25,7 @@ from trispec.drafters.none import NoDrafter
 from trispec.engine.base import Engine, ForwardInput
 from trispec.engine.kv_cache import blocks_for
 from trispec.runners.torch_drafting import MAX_DRAFT_FAILURES_IN_A_ROW, DraftSide
+from trispec.runners.torch_graph_side import GraphSide
 from trispec.sampling import make_generator
 from trispec.sampling_params import SamplingParams
 from trispec.step import KVUsage, SeqResult, SeqStep, StepPlan, StepResult
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["MAX_DRAFT_FAILURES_IN_A_ROW", "TorchSpecRunner"]
 
 
-class TorchSpecRunner(DraftSide):
+class TorchSpecRunner(DraftSide, GraphSide):
     def __init__(
         self,
         target: Engine,
@@ -56,6 +57,10 @@ class TorchSpecRunner(DraftSide):
         self._drafting: set[int] = set()  # registered with the drafter
         self._draft_failures_in_a_row = 0
         self.drafting_off = False  # set after repeated drafter failures, until restart
+        # steps whose decodes all ran on the graph path / of which some ran eagerly (steps with
+        # prompt chunks alone count in neither)
+        self.graph_rounds = 0
+        self.eager_rounds = 0
 
     @classmethod
     def from_config(cls, config: SpecDecConfig) -> TorchSpecRunner:
@@ -157,8 +162,14 @@ class TorchSpecRunner(DraftSide):
                     f"seq {s.seq_id}: the plan says {s.num_computed} tokens are cached, the cache holds "
                     f"{self.target.cached_length(s.seq_id)}"
                 )
-        if self.graphs is not None and (graphed := self._graph_round(steps)) is not None:
+        graphed = self._graph_round(chunks, decodes) if self.graphs is not None and decodes else None
+        if graphed is not None:
             return graphed
+        if decodes:
+            self.eager_rounds += 1
+        return self._eager_round(chunks, decodes)
+
+    def _eager_round(self, chunks: Sequence[SeqStep], decodes: Sequence[SeqStep]) -> StepResult:
         t0 = time.perf_counter()
         drafts, draft_failed = self._draft(decodes)
         t1 = time.perf_counter()
@@ -196,21 +207,6 @@ class TorchSpecRunner(DraftSide):
             draft_catch_up_tokens=catch_up,
             draft_failed=draft_failed,
         )
-
-    def _graph_round(self, steps: Sequence[SeqStep]) -> StepResult | None:
-        """The round on CUDA graphs when it qualifies (None: run it eagerly). A failure there turns
-        the graph path off for good: the round is undone and every round runs eagerly."""
-        assert self.graphs is not None
-        ks = self.graphs.ks_for(steps, self.drafting_off)
-        if ks is None:
-            return None
-        try:
-            return self.graphs.run(steps, ks, self._rollback_draft)
-        except Exception:
-            logger.exception("the CUDA-graph round failed: every round runs eagerly from now on")
-            self.graphs = None
-            self._undo(steps)
-            return None
 
     def _isolate(self, steps: Sequence[SeqStep], exc: Exception) -> StepResult:
         """A batched round raised: undo it, then rerun each sequence alone so that only the ones

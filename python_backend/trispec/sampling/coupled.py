@@ -33,10 +33,10 @@ _ISA = isa_level(_kernel)
 
 
 def scaled_logits(logits: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
-    """float32 logits divided by each row's temperature (greedy rows, T = 0, left as they are)."""
-    if len(set(temperatures)) == 1:  # one division by a scalar: what every row would get
-        temp = temperatures[0]
-        return logits.float() / (temp if temp > 0 else 1.0)
+    """float32 logits divided by each row's temperature (greedy rows, T = 0, left as they are).
+    Always by a tensor: CUDA divides by a Python scalar as a product with its float32 reciprocal (one
+    bit off at times), the graph path (sampling/graph_sampler.py) by a tensor of temperatures; on the
+    CPU both are the same true division."""
     t = torch.tensor([temp if temp > 0 else 1.0 for temp in temperatures], dtype=torch.float32)
     return logits.float() / t.to(logits.device).unsqueeze(-1)
 

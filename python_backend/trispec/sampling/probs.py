@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from trispec.sampling.coupled import scaled_logits
 from trispec.sampling.kept_set import find_kept_sets
 from trispec.sampling_params import SamplingParams
 
@@ -54,7 +55,7 @@ def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     sampled request: divided by the temperature, -inf outside the top-k / top-p set."""
     if params.greedy:
         raise ValueError("greedy requests have no sampled distribution to express as logits")
-    scaled = logits.float() / params.temperature
+    scaled = scaled_logits(logits, [params.temperature] * logits.shape[0])
     if params.top_k == 0 and params.top_p >= 1.0:
         return scaled
     n = scaled.shape[0]

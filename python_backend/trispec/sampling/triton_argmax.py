@@ -64,37 +64,51 @@ if triton is not None:
         tl.store(out_ptr + row, tl.where(chosen < V, chosen, -1))
 
 
+def launch_perturbed_argmax(
+    scores: torch.Tensor,
+    threshold: torch.Tensor,
+    ties: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Launch the kernel on device tensors and return at once: no host value read, no sync, so it can
+    run inside a CUDA graph. ``scores`` float32 ``[n, V]`` (unit stride along V); ``threshold`` float32,
+    ``ties``, ``seeds`` (the 64 bits of each seed) and ``positions`` int64, ``out`` int64, all ``[n]``
+    and contiguous. A row that keeps nothing gets -1."""
+    if triton is None:
+        raise RuntimeError("the CUDA sampling kernel needs the triton package")
+    n, vocab_size = scores.shape
+    if n:
+        _perturbed_argmax[(n,)](
+            scores, threshold, ties, seeds, positions, out, vocab_size, scores.stride(0),
+            STREAM_ID=STREAM, BLOCK_V=BLOCK,
+        )  # fmt: skip
+
+
+def seed_words(seeds: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Seeds (unsigned 64-bit) as the int64 tensor holding their bits."""
+    return torch.tensor([s - 2**64 if s >= 2**63 else s for s in seeds], dtype=torch.int64, device=device)
+
+
 def triton_perturbed_argmax(
     scaled: torch.Tensor, kept: KeptSet, seeds: Sequence[int], positions: Sequence[int]
 ) -> torch.Tensor:
     """``coupled.perturbed_argmax`` on the device ``scaled`` is on (CUDA, or the CPU under the
     interpreter)."""
-    if triton is None:
-        raise RuntimeError("the CUDA sampling kernel needs the triton package")
     scores = scaled.float()
     if scores.stride(-1) != 1:
         scores = scores.contiguous()
-    n, vocab_size = scores.shape
     device = scores.device
-    # seeds are 64-bit unsigned; int64 holds their bits
-    seed_words = torch.tensor(
-        [s - 2**64 if s >= 2**63 else s for s in seeds], dtype=torch.int64, device=device
+    out = torch.empty(scores.shape[0], dtype=torch.int64, device=device)
+    launch_perturbed_argmax(
+        scores,
+        kept.threshold.to(device=device, dtype=torch.float32).contiguous(),
+        kept.ties.to(device=device, dtype=torch.int64).contiguous(),
+        seed_words(seeds, device),
+        torch.tensor(list(positions), dtype=torch.int64, device=device),
+        out,
     )
-    position_words = torch.tensor(list(positions), dtype=torch.int64, device=device)
-    out = torch.empty(n, dtype=torch.int64, device=device)
-    if n:
-        _perturbed_argmax[(n,)](
-            scores,
-            kept.threshold.to(device=device, dtype=torch.float32).contiguous(),
-            kept.ties.to(device=device, dtype=torch.int64).contiguous(),
-            seed_words,
-            position_words,
-            out,
-            vocab_size,
-            scores.stride(0),
-            STREAM_ID=STREAM,
-            BLOCK_V=BLOCK,
-        )
     if bool((out < 0).any()):
         raise ValueError("a sampled row kept no token (all its logits are NaN)")
     return out
