@@ -114,6 +114,7 @@ class Bench:
         # the tiny run only has to pass through every code path once
         self.ks, self.accepts = ((3,), (0.7,)) if self.tiny else ((3, 4), (0.6, 0.7, 0.8, 0.9))
         self.fused = args.step == "fused" if args.step else self.cuda
+        self.fused_failed = False  # the fused step failed on the device: nothing runs it again
 
     def emit(self, **row: Any) -> None:
         row["t_s"] = round(time.perf_counter() - self.t0, 1)
@@ -240,7 +241,7 @@ def step_costs(b: Bench, engines: dict[str, TorchEngine], copy_gbs: float) -> di
                     kv = batch * (ctx + q) * kv_token
                     gbs = (weights + kv) / graph / 1e9
                     row: dict[str, Any] = {}
-                    if ctx == b.contexts[0] and (batch == 1 or not b.tiny):
+                    if ctx == b.contexts[0] and (batch == 1 or not b.tiny) and not b.fused_failed:
                         ms = _graph_step(b, engine, other[q], sids, ctx, q) * 1e3
                         row = {"unfused_ms" if b.fused else "fused_ms": round(ms, 3)}
                     b.emit(section="step", model=name, ctx=ctx, batch=batch, rows=q, fused=b.fused,
@@ -387,7 +388,7 @@ def main() -> None:
     kernels_section(b, engines)
     failed = [r["error"] for r in b.rows if r["section"] == "kernels" and r.get("fused") and "error" in r]
     if b.fused and failed:  # the rest of the one GPU run still measures something
-        b.fused = False
+        b.fused, b.fused_failed = False, True
         b.emit(section="fused_step_failed", error=failed[0], step="unfused from here on")
     graph_ms = step_costs(b, engines, copy_gbs)
     ratios(b, graph_ms)
