@@ -9,12 +9,28 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import tiny_args
+from tiny import (
+    byte_tokenizer,
+    reference_greedy,
+    repeating_prompts,
+    run_to_completion,
+    tiny_args,
+    tiny_engine,
+    tokens_of,
+)
+from trispec.config import SchedulerConfig
+from trispec.detokenize import StopTextTracker
+from trispec.drafters.model_drafter import ModelDrafter
 from trispec.engine.base import ForwardInput
 from trispec.engine.cuda_graphs import SeqRows, StepGraphs
 from trispec.engine.launch_count import LaunchCounter, per_layer
 from trispec.engine.static_step import forward_static, static_attend
 from trispec.engine.torch_engine import TorchEngine
+from trispec.llm_engine import LLMEngine
+from trispec.request import GenerationRequest
+from trispec.runners.graph_round import GraphRound
+from trispec.runners.torch_runner import TorchSpecRunner
+from trispec.scheduler import Scheduler
 
 pytest.importorskip("triton")
 # the interpreter turns loop bounds into ints through a deprecated numpy conversion
@@ -135,3 +151,25 @@ def test_kernels_per_layer() -> None:
         e.truncate(0, e.cached_length(0) - 1)
         counts[fused] = per_layer(names, e.args.num_layers)
     assert counts == {False: (16.0, 9), True: (9.0, 3)}
+
+
+def test_rounds_on_the_fused_step_emit_target_greedy() -> None:
+    """``GraphRound(fused=True)``: the draft's first and next steps (its prologue advancing on the
+    device) and the verify on the fused layers; the output is target-only greedy decoding's."""
+    target = tiny_engine(0, max_context=64)
+    drafter = ModelDrafter(tiny_engine(7, max_context=64))
+    graphs = GraphRound(target, drafter, max_k=2, sizes=(2,), capture=False, fused=True)
+    runner = TorchSpecRunner(target, drafter, graphs)
+    config = SchedulerConfig(max_num_draft_tokens=2, default_num_draft_tokens=2, adaptive_speculation=False)
+    scheduler = Scheduler(runner, config, encode=lambda text: [], eos_ids=frozenset(),
+                          make_text_tracker=lambda stop: StopTextTracker(byte_tokenizer(), stop))  # fmt: skip
+    llm = LLMEngine(scheduler, runner)
+    prompts = repeating_prompts(2, seed=5)
+    ids = [
+        llm.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=6, num_draft_tokens=2))
+        for p in prompts
+    ]
+    outputs = run_to_completion(llm)
+    assert runner.graph_rounds > 0 and runner.eager_rounds == 0
+    for rid, prompt in zip(ids, prompts, strict=True):
+        assert tokens_of(outputs[rid]) == reference_greedy(prompt, 6)
