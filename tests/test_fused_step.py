@@ -14,6 +14,7 @@ from tiny import (
     reference_greedy,
     repeating_prompts,
     run_to_completion,
+    stage_feeds,
     tiny_args,
     tiny_engine,
     tokens_of,
@@ -22,7 +23,7 @@ from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.engine.base import ForwardInput
-from trispec.engine.cuda_graphs import SeqRows, StepGraphs
+from trispec.engine.cuda_graphs import StepGraphs
 from trispec.engine.launch_count import LaunchCounter, per_layer
 from trispec.engine.static_step import forward_static, static_attend
 from trispec.engine.torch_engine import TorchEngine
@@ -65,13 +66,7 @@ def step(
     """One static step (``StepGraphs``, not captured): float32 logits ``[B, logits, V]``, the argmax
     tokens, the graphs (staged slots) and the kernels it issued."""
     graphs = StepGraphs(e, rows=rows, logits=logits, sizes=(8,), capture=False, attention=kind, fused=fused)
-    seqs = []
-    for i, feed in enumerate(feeds):
-        start = e.cached_length(i)
-        e.blocks.append(i, len(feed))
-        seqs.append(SeqRows(feed, start, e.blocks.block_table(i)))
-    b_pad = graphs.stage(seqs)
-    graphs.upload()
+    b_pad = stage_feeds(e, graphs, feeds)
     sb = graphs.buffers.prefix(b_pad)
     attend = static_attend(sb, e.block_size, e.args.head_dim**-0.5, kind)
     with torch.inference_mode(), LaunchCounter() as counter:
