@@ -105,7 +105,7 @@ def tokens_for(b: Any, batch: int) -> int:
 
 def plain(b: Any, target: TorchEngine, batch: int, sampling: SamplingParams = GREEDY) -> tuple[float, list]:
     """Plain decoding on graphs: tok/s and each sequence's output."""
-    graphs = GraphRound(target, None, max_k=0, sizes=b.sizes, capture=b.cuda)
+    graphs = GraphRound(target, None, max_k=0, sizes=b.sizes, capture=b.cuda, fused=b.fused)
     gen = Generation(graphs, None, prompts(b, batch, target.vocab_size), sampling)
     gen.round(0)  # captures
     b.sync()
@@ -140,7 +140,7 @@ def _oracle_run(
     """One run at batch ``len(reference)``: seconds, tokens made, rounds, outputs. ``a`` None: the
     drafter's own proposals."""
     batch = len(reference)
-    graphs = GraphRound(target, drafter, max_k=k, sizes=b.sizes, capture=b.cuda)
+    graphs = GraphRound(target, drafter, max_k=k, sizes=b.sizes, capture=b.cuda, fused=b.fused)
     gen = Generation(graphs, drafter, prompts(b, batch, target.vocab_size), sampling)
     rng = random.Random(int(1000 * (a or 1)) + k + batch)
     staged = torch.zeros(batch, k, dtype=torch.int64, pin_memory=b.cuda)

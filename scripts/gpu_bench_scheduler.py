@@ -44,7 +44,7 @@ class _NoText:
 
 
 def _llm(b: Any, target: TorchEngine, drafter: Drafter | None, batch: int) -> LLMEngine:
-    graphs = GraphRound(target, drafter, max_k=K, sizes=b.sizes, capture=b.cuda)
+    graphs = GraphRound(target, drafter, max_k=K, sizes=b.sizes, capture=b.cuda, fused=b.fused)
     runner = TorchSpecRunner(target, drafter, graphs)
     config = SchedulerConfig(
         max_num_draft_tokens=K,

@@ -5,10 +5,12 @@ the GPU), printing JSON lines as it goes and a table at the end:
 1. the copy-bandwidth ceiling (device-to-device copy);
 2. the Triton paged-attention kernel (bf16) against an fp32 reference: max relative error, and its
    time at batch 1 and 32, context 512 and 2048;
-3. step costs, eager ``TorchEngine.forward`` against the graph replay, for 0.5B, 1.5B and 7B at
+3. ``kernels`` (scripts/gpu_kernels.py): per model, the kernels one static step launches, unfused
+   and fused, in all and per layer: counted from the code (any device) and, on CUDA, by the profiler;
+   step costs, eager ``TorchEngine.forward`` against the graph replay, for 0.5B, 1.5B and 7B at
    batch 1, 8, 32 and context 512, 2048: milliseconds and achieved GB/s (weights, and weights + KV
    read), verify (k + 1 = 5 rows) / decode and draft / target ratios; every model with the KV its
-   largest point needs;
+   largest point needs; at context 512 the other static step too (``unfused_ms`` / ``fused_ms``);
 4. the device sampler: the 7B verify graph per sampler mode (greedy, T 0.7, T 0.7 + top-p, log-probs);
 5. plain tok/s on graphs at batch 1, 8, 32, 256, eager at batch 1;
 6. speculative tok/s (scripts/gpu_bench_generation.py): 0.5B draft -> 7B target with an oracle of
@@ -17,7 +19,8 @@ the GPU), printing JSON lines as it goes and a table at the end:
 7. the ``scheduler`` section (scripts/gpu_bench_scheduler.py): Scheduler + TorchSpecRunner as served,
    arms plain, model, sampled, suffix and mix, with ms_per_step, graph_rounds and eager_rounds.
 
-    python scripts/gpu_spec_bench.py                      # on the GPU machine
+    python scripts/gpu_spec_bench.py                      # on the GPU machine (the fused step)
+    python scripts/gpu_spec_bench.py --step unfused       # every section on the unfused step
     python scripts/gpu_spec_bench.py --device cpu --tiny  # CI: the same code on tiny models, seconds
 
 Sections 5 and 6 drive ``GraphRound`` directly (no scheduler); section 7 is the served path. Rows of a
@@ -46,6 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=330.0, help="skip what would run past this")
     parser.add_argument("--tokens", type=int, default=256, help="tokens per generation")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON lines here")
+    # default: fused on CUDA; unfused on the CPU, where the fused kernels run interpreted
+    parser.add_argument(
+        "--step",
+        choices=["fused", "unfused"],
+        default=None,
+        help="the static step every section runs; the step section times the other too",
+    )
     return parser.parse_args(argv)
 
 
@@ -102,7 +112,10 @@ class Bench:
         self.sizes = (1, 2, 4) if self.tiny else (1, 8, 32, 256)
         self.plain_batches = (1, 2, 8) if self.tiny else (1, 8, 32, 256)
         # the tiny run only has to pass through every code path once
-        self.ks, self.accepts = ((3,), (0.7,)) if self.tiny else ((3, 4), (0.6, 0.7, 0.8, 0.9))
+        # k = 5 at batch 1 only (issue 33's target: a = 0.8, k = 5)
+        self.ks, self.accepts = ((3,), (0.7,)) if self.tiny else ((3, 4, 5), (0.6, 0.7, 0.8, 0.9))
+        self.fused = args.step == "fused" if args.step else self.cuda
+        self.fused_failed = False  # the fused step failed on the device: nothing runs it again
 
     def emit(self, **row: Any) -> None:
         row["t_s"] = round(time.perf_counter() - self.t0, 1)
@@ -211,7 +224,9 @@ def step_costs(b: Bench, engines: dict[str, TorchEngine], copy_gbs: float) -> di
     the timing does not depend on the cached values)."""
     graph_ms: dict[tuple, float] = {}
     for name, engine in engines.items():
-        sets = {q: StepGraphs(engine, rows=q, logits=q, sizes=b.sizes, capture=True) for q in (1, 5)}
+        sets = {q: StepGraphs(engine, rows=q, logits=q, sizes=b.sizes, fused=b.fused) for q in (1, 5)}
+        # the other step (fused / unfused) at the first context: before and after in one run
+        other = {q: StepGraphs(engine, rows=q, logits=q, sizes=b.sizes, fused=not b.fused) for q in (1, 5)}
         kv_token = 2 * engine.args.num_layers * engine.args.num_kv_heads * engine.args.head_dim * 2
         for ctx in b.contexts:
             for batch in b.batches:
@@ -226,10 +241,14 @@ def step_costs(b: Bench, engines: dict[str, TorchEngine], copy_gbs: float) -> di
                     weights = engine.model.streamed_bytes
                     kv = batch * (ctx + q) * kv_token
                     gbs = (weights + kv) / graph / 1e9
-                    b.emit(section="step", model=name, ctx=ctx, batch=batch, rows=q,
+                    row: dict[str, Any] = {}
+                    if ctx == b.contexts[0] and (batch == 1 or not b.tiny) and not b.fused_failed:
+                        ms = _graph_step(b, engine, other[q], sids, ctx, q, once=True) * 1e3
+                        row = {"unfused_ms" if b.fused else "fused_ms": round(ms, 3)}
+                    b.emit(section="step", model=name, ctx=ctx, batch=batch, rows=q, fused=b.fused,
                            graph_ms=round(graph * 1e3, 3), eager_ms=round(eager * 1e3, 3),
                            weights_gb_s=round(weights / graph / 1e9, 1), total_gb_s=round(gbs, 1),
-                           of_copy_ceiling=round(gbs / copy_gbs, 3))  # fmt: skip
+                           of_copy_ceiling=round(gbs / copy_gbs, 3), **row)  # fmt: skip
                 for sid in sids:
                     engine.free(sid)
     return graph_ms
@@ -244,15 +263,18 @@ def _synthetic(engine: TorchEngine, batch: int, ctx: int) -> list[int]:
 
 
 def _graph_step(
-    b: Bench, engine: TorchEngine, graphs: StepGraphs, sids: list[int], ctx: int, q: int
+    b: Bench, engine: TorchEngine, graphs: StepGraphs, sids: list[int], ctx: int, q: int, once: bool = False
 ) -> float:
+    """Median seconds per replay; ``once``: on the tiny models one call and no warm-up (the
+    interpreted fused step beside the unfused one only has to run)."""
     b_pad = len(sids)
     graphs.ensure_captured(b_pad)
     for sid in sids:
         engine.blocks.append(sid, q)
     graphs.stage([SeqRows([7] * q, ctx, engine.blocks.block_table(sid)) for sid in sids])
     graphs.upload()
-    seconds = b.timed(lambda: graphs.run(b_pad), iters=5 if b.tiny else 30, warmup=2 if b.tiny else 10)
+    iters, warmup = (1, 0) if b.tiny and once else (5, 2) if b.tiny else (30, 10)
+    seconds = b.timed(lambda: graphs.run(b_pad), iters=iters, warmup=warmup)
     for sid in sids:
         engine.truncate(sid, ctx)
     return seconds
@@ -297,7 +319,7 @@ def sampler_costs(b: Bench, engine: TorchEngine) -> None:
         "t0.7_top_p": SamplerMode(noise=True, kept=True),
         "log_probs": SamplerMode(log_probs=True),
     }
-    graphs = StepGraphs(engine, rows=5, logits=5, sizes=b.sizes, capture=b.cuda)
+    graphs = StepGraphs(engine, rows=5, logits=5, sizes=b.sizes, capture=b.cuda, fused=b.fused)
     for batch in b.batches:
         if not b.time_left(10):
             b.emit(section="sampler", batch=batch, skipped="time budget")
@@ -321,14 +343,24 @@ def sampler_costs(b: Bench, engine: TorchEngine) -> None:
         b.emit(section="sampler", batch=batch, **{f"{n}_ms": round(v, 3) for n, v in ms.items()}, **ratio)
 
 
-SUMMARY = ("copy", "ratios", "sampler", "plain", "spec", "divergence", "scheduler")
+SUMMARY = (
+    "copy",
+    "kernels",
+    "fused_step_failed",
+    "ratios",
+    "sampler",
+    "plain",
+    "spec",
+    "divergence",
+    "scheduler",
+)
 
 
 def table(b: Bench) -> None:
     print("\n== summary ==")
     for row in b.rows:
         if row["section"] in SUMMARY or (row["section"] == "step" and "graph_ms" in row):
-            print("  ".join(f"{k}={v}" for k, v in row.items() if k != "t_s"))
+            print("  ".join(f"{k}={v}" for k, v in row.items() if k not in ("t_s", "profiled_layer_kernels")))
     print(f"total {time.perf_counter() - b.t0:.1f} s")
 
 
@@ -344,6 +376,7 @@ def kv_mb_for(b: Bench, name: str, tokens: int) -> float:
 def main() -> None:
     from gpu_bench_generation import GREEDY, SAMPLED, plain, plain_eager, speculative, suffix_spec
     from gpu_bench_scheduler import scheduler_section
+    from gpu_kernels import kernels_section
 
     b = Bench(ARGS)
     name = torch.cuda.get_device_name(0) if b.cuda else "cpu"
@@ -356,6 +389,11 @@ def main() -> None:
     # the largest points: step costs (max batch x max context) and plain decoding at the largest batch
     need = max(max(b.batches) * (max(b.contexts) + 8), b.plain_batches[-1] * (64 + b.tokens + 16))
     engines = {n: b.engine(n, i, max_ctx, kv_mb_for(b, n, need)) for i, n in enumerate(QWEN)}
+    kernels_section(b, engines)
+    failed = [r["error"] for r in b.rows if r["section"] == "kernels" and r.get("fused") and "error" in r]
+    if b.fused and failed:  # the rest of the one GPU run still measures something
+        b.fused, b.fused_failed = False, True
+        b.emit(section="fused_step_failed", error=failed[0], step="unfused from here on")
     graph_ms = step_costs(b, engines, copy_gbs)
     ratios(b, graph_ms)
     target, draft = engines["7b"], engines["0.5b"]
@@ -370,7 +408,7 @@ def main() -> None:
         if batch not in plain_runs:
             continue
         tok_s, outputs = plain_runs[batch]
-        for k in b.ks:
+        for k in b.ks if batch == 1 else b.ks[:2]:
             for a in b.accepts if batch == 1 else (0.7,):
                 if b.time_left(15):
                     speculative(b, target, drafter, k, a, outputs, tok_s, "0.5b")

@@ -41,6 +41,12 @@ def test_the_bench_runs_every_section_on_tiny_models(tmp_path: Path) -> None:
     assert len(by["step"]) == 3 * 2 * 2  # models x batches x (decode, verify) at the one tiny context
     assert all(r["graph_ms"] > 0 and r["eager_ms"] > 0 for r in by["step"])
     assert {"c_0.5b_7b", "verify_over_decode_7b"} <= set(by["ratios"][0])
+    # the kernels a step issues per layer, counted from the code: fused 9 + the split-KV merge; unfused
+    # 16 + the merge + 8 (float32 on the CPU: its two norms spelled out in 5 ops each; bf16: 1 each)
+    kernels = {(r["model"], r["rows"], r["fused"]): r for r in by["kernels"]}
+    assert len(kernels) == 3 * 2 and not [r for r in kernels.values() if "error" in r]
+    assert all(r["counted_per_layer"] == (10.0 if fused else 25.0) for (_, _, fused), r in kernels.items())
+    assert all("fused_ms" in r for r in by["step"] if r["batch"] == 1)  # the other step, timed beside
     assert all(r["t0.7_ms"] > 0 and r["t0.7_top_p_ms"] > 0 for r in by["sampler"])
     # batch 8 runs as two parts of the largest tiny graph (4)
     assert [(r["path"], r["batch"]) for r in by["plain"]][:4] == [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import tiny_engine
+from tiny import stage_feeds, tiny_engine
 from trispec.engine.base import ForwardInput
 from trispec.engine.cuda_graphs import SeqRows, StepGraphs
 from trispec.engine.static_step import StaticBatch, forward_static, static_attend
@@ -34,14 +34,7 @@ def staged(
     engine: TorchEngine, feeds: list[list[int]], rows: int = 5, sizes=(1, 2, 4)
 ) -> tuple[StepGraphs, int]:
     graphs = StepGraphs(engine, rows=rows, logits=rows, sizes=sizes, capture=False)
-    seqs = []
-    for i, feed in enumerate(feeds):
-        start = engine.cached_length(i)
-        engine.blocks.append(i, len(feed))
-        seqs.append(SeqRows(feed, start, engine.blocks.block_table(i)))
-    b_pad = graphs.stage(seqs)
-    graphs.upload()
-    return graphs, b_pad
+    return graphs, stage_feeds(engine, graphs, feeds)
 
 
 def static_logits(engine: TorchEngine, graphs: StepGraphs, b_pad: int, kind: str = "torch") -> torch.Tensor:

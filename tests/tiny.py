@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tokenizers
 import torch
@@ -21,6 +21,9 @@ from trispec.llm_engine import LLMEngine
 from trispec.runners.torch_runner import TorchSpecRunner
 from trispec.scheduler import RequestOutput, Scheduler
 from trispec.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from trispec.engine.cuda_graphs import StepGraphs
 
 TINY_VOCAB = 320  # 256 byte tokens + room for ids the tokenizer never produces
 
@@ -56,6 +59,21 @@ def tiny_engine(seed: int = 0, arch: str = "llama", **kw: object) -> TorchEngine
     kw.setdefault("num_blocks", 256)
     kw.setdefault("block_size", 8)
     return TorchEngine.from_random(tiny_args(arch), seed, **kw)
+
+
+def stage_feeds(engine: TorchEngine, graphs: StepGraphs, feeds: Sequence[Sequence[int]]) -> int:
+    """Sequence ``i`` (already in ``engine``) feeds ``feeds[i]`` after its cached tokens: its blocks
+    reserved, its rows staged and uploaded into ``graphs``; returns the padded batch size."""
+    from trispec.engine.cuda_graphs import SeqRows  # the graph path's modules, only where used
+
+    seqs = []
+    for i, feed in enumerate(feeds):
+        start = engine.cached_length(i)
+        engine.blocks.append(i, len(feed))
+        seqs.append(SeqRows(feed, start, engine.blocks.block_table(i)))
+    b_pad = graphs.stage(seqs)
+    graphs.upload()
+    return b_pad
 
 
 def byte_tokenizer() -> Tokenizer:

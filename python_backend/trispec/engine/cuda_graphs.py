@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from trispec.engine.kv_cache import blocks_for, slots_of
-from trispec.engine.static_step import StaticBatch, forward_static, static_attend
+from trispec.engine.static_step import FUSED_DEFAULT, StaticBatch, forward_static, static_attend
 from trispec.engine.torch_engine import TorchEngine
 from trispec.engine.triton_attention import splits_for
 from trispec.sampling.graph_sampler import GREEDY, SamplerMode, SamplingRows, choose_tokens
@@ -76,13 +76,15 @@ class StepGraphs:
         advance_noise: bool = False,
         flag_unfit: bool = False,
         argmax_kernel: str | None = None,
+        fused: bool | None = None,
     ) -> None:
         """``rows`` per sequence; ``logits`` rows per sequence get the head (``rows``: all, 1: the
         last fed one). ``prologue`` runs on the device before the step, inside its graph.
         ``out_tokens``/``block_tables``/``sampling``: buffers shared with another set (the draft's two
         steps). Sampled modes: ``out_log_probs`` (int64 ``[B, logits]``, float64 bits) takes the
         log-probabilities, ``advance_noise`` moves each row's noise position on by one before the step
-        (the draft's next step), ``flag_unfit`` marks a row whose kept set does not fit with -1."""
+        (the draft's next step), ``flag_unfit`` marks a row whose kept set does not fit with -1.
+        ``fused``: the step's layers as fused Triton kernels (``fused_step.py``); None: ``FUSED_DEFAULT``."""
         if logits not in (1, rows):
             raise ValueError("logits per sequence: 1 (the last fed row) or all rows")
         self.engine, self.rows, self.logits = engine, rows, logits
@@ -108,6 +110,7 @@ class StepGraphs:
         self.out_log_probs = out_log_probs
         self.advance_noise, self.flag_unfit = advance_noise, flag_unfit
         self.argmax_kernel = argmax_kernel or ("triton" if device.type == "cuda" else "c")
+        self.fused = FUSED_DEFAULT if fused is None else fused
         self._graphs: dict[tuple[int, SamplerMode], torch.cuda.CUDAGraph] = {}
         self._views: dict[int, tuple[StaticBatch, Callable]] = {}
         self._pad_host(B)
@@ -216,7 +219,7 @@ class StepGraphs:
         rows = self.sampling.prefix(b_pad * self.logits)
         if mode.noise and self.advance_noise:  # one logit row per sequence
             rows.positions.add_((sb.q_lens > 0).long())
-        logits = forward_static(self.engine.model, self.engine.kv, sb, attend)
+        logits = forward_static(self.engine.model, self.engine.kv, sb, attend, fused=self.fused)
         if mode.greedy:
             return
         tokens, log_probs = choose_tokens(

@@ -94,16 +94,32 @@ class StaticBatch:
         self.flat32.copy_(host.flat32, non_blocking=True)
 
 
-def forward_static(model: Transformer, kv: KVCache, sb: StaticBatch, attend: Attend) -> torch.Tensor:
+# The GPU path's default step. Unfused until the H100 run measures the fused step faster (its
+# kernels are checked on the CPU under the Triton interpreter only); docs/gpu.md.
+FUSED_DEFAULT = False
+
+
+def forward_static(
+    model: Transformer, kv: KVCache, sb: StaticBatch, attend: Attend, *, fused: bool = False
+) -> torch.Tensor:
     """Run ``sb`` through ``model``: write its keys/values, put the argmax of each logit row in
-    ``sb.out_tokens`` and return those rows' logits (model dtype, on the device)."""
-    x = model.embed_tokens(sb.tokens)
-    cos = model.cos.index_select(0, sb.positions).unsqueeze(1)
-    sin = model.sin.index_select(0, sb.positions).unsqueeze(1)
-    x = model.run_layers(x, cos, sin, sb.slots, kv, attend)
-    x = rms_norm(x.index_select(0, sb.logit_rows), model.args.rms_norm_eps) * model.norm
+    ``sb.out_tokens`` and return those rows' logits (model dtype, on the device). ``fused``: the
+    layers of ``fused_step.py`` (Triton kernels: CUDA, or the CPU under ``TRITON_INTERPRET=1``)."""
+    if fused:
+        from trispec.engine.fused_step import forward_fused
+
+        x = forward_fused(model, kv, sb.tokens, sb.positions, sb.slots, sb.logit_rows, attend)
+    else:
+        x = model.embed_tokens(sb.tokens)
+        cos = model.cos.index_select(0, sb.positions).unsqueeze(1)
+        sin = model.sin.index_select(0, sb.positions).unsqueeze(1)
+        x = model.run_layers(x, cos, sin, sb.slots, kv, attend)
+        x = rms_norm(x.index_select(0, sb.logit_rows), model.args.rms_norm_eps) * model.norm
     logits = model.lm_head(x)
-    sb.out_tokens.copy_(logits.argmax(dim=-1).view(sb.out_tokens.shape))
+    if fused and sb.out_tokens.is_contiguous():  # the argmax straight into its buffer: one kernel
+        torch.argmax(logits, dim=-1, out=sb.out_tokens.view(-1))
+    else:
+        sb.out_tokens.copy_(logits.argmax(dim=-1).view(sb.out_tokens.shape))
     return logits
 
 

@@ -21,6 +21,8 @@ import os
 
 import torch
 
+from trispec.engine.launch_count import launch
+
 try:
     import triton
     import triton.language as tl
@@ -166,14 +168,16 @@ def paged_attention(
     if splits > 1:
         part = torch.empty(B * KV * splits * block_m, D, dtype=torch.float32, device=q.device)
         stat = torch.empty(B * KV * splits * block_m, 2, dtype=torch.float32, device=q.device)
-    _attend[(B, KV, splits)](
-        q, k_cache, v_cache, out, block_tables, seq_lens, q_lens, part, stat,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), block_tables.stride(0),
-        scale, G=G, Q=Q, D=D, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
-        UPCAST=upcast,
-    )  # fmt: skip
+    with launch("attend"):
+        _attend[(B, KV, splits)](
+            q, k_cache, v_cache, out, block_tables, seq_lens, q_lens, part, stat,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0),
+            block_tables.stride(0), scale, G=G, Q=Q, D=D, BLOCK_SIZE=block_size, BLOCK_M=block_m,
+            BLOCK_N=block_n, SPLITS=splits, UPCAST=upcast,
+        )  # fmt: skip
     if splits > 1:
-        _merge[(B, KV)](out, part, stat, out.stride(0), G=G, Q=Q, D=D, BLOCK_M=block_m, SPLITS=splits)
+        with launch("merge"):
+            _merge[(B, KV)](out, part, stat, out.stride(0), G=G, Q=Q, D=D, BLOCK_M=block_m, SPLITS=splits)
     return out
 
 

@@ -63,6 +63,7 @@ class GraphRound:
         capture: bool = True,
         attention: str | None = None,
         argmax_kernel: str | None = None,
+        fused: bool | None = None,
     ) -> None:
         self.target = target
         self.drafters = Drafters.of(drafter)
@@ -76,6 +77,7 @@ class GraphRound:
             "attention": attention,
             "pool": self.pool,
             "argmax_kernel": argmax_kernel,
+            "fused": fused,  # the static step's fused kernels (None: static_step.FUSED_DEFAULT)
         }
         # drafts in columns [0, K), the verify's tokens in [K, 2K + 1), their log-probabilities (float64
         # bits) in [2K + 1, 3K + 2): one copy brings all back
