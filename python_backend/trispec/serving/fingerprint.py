@@ -22,6 +22,7 @@ the model loads.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -191,6 +192,26 @@ def code_digest() -> str:
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
+
+
+def fingerprint_file(directory: Path, model_name: str) -> Path:
+    """Where a served model leaves its fingerprint for ``specdec-serve`` (its heartbeat directory)."""
+    return directory / f"{model_name}.fingerprint.json"
+
+
+def write_fingerprint(directory: Path, model_name: str, text: str) -> None:
+    with contextlib.suppress(OSError):  # only the ready line would miss it
+        fingerprint_file(directory, model_name).write_text(text)
+
+
+def read_fingerprint(directory: Path | None, model_name: str) -> dict[str, str] | None:
+    if directory is None:
+        return None
+    try:
+        data = json.loads(fingerprint_file(directory, model_name).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _digest(text: str) -> str:
