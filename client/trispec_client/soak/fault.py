@@ -51,7 +51,9 @@ class FaultStream:
         return f"{self.protocol} {sampling}{seed} k={p['num_draft_tokens']}"
 
 
-def fault_streams(count: int, max_tokens: int, protocols: tuple[str, ...]) -> list[FaultStream]:
+def fault_streams(
+    count: int, max_tokens: int, protocols: tuple[str, ...], prompts: tuple[str, ...] = PROMPTS
+) -> list[FaultStream]:
     """``count`` streams spread over ``protocols``, each protocol cycling through ``KINDS``, and one
     sampled stream without a seed (the server picks and reports it)."""
     streams = []
@@ -61,9 +63,9 @@ def fault_streams(count: int, max_tokens: int, protocols: tuple[str, ...]) -> li
         params: dict[str, Any] = {"max_tokens": max_tokens, "end_id": NEVER_END_ID, "num_draft_tokens": k}
         if seeded:
             params.update(temperature=TEMPERATURE, seed=1000 + i)
-        streams.append(FaultStream(protocol, PROMPTS[i % len(PROMPTS)], params))
+        streams.append(FaultStream(protocol, prompts[i % len(prompts)], params))
     unseeded = {"max_tokens": max_tokens, "end_id": NEVER_END_ID, "num_draft_tokens": 4}
-    streams.append(FaultStream(protocols[0], PROMPTS[0], {**unseeded, "temperature": TEMPERATURE}))
+    streams.append(FaultStream(protocols[0], prompts[0], {**unseeded, "temperature": TEMPERATURE}))
     return streams
 
 

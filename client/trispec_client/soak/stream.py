@@ -39,9 +39,11 @@ def run_stream(
     timeout_s: float,
     cancel_after_chunks: int | None = None,
     on_chunk: Callable[[float], None] | None = None,
+    on_outcome: Callable[[Outcome], None] | None = None,
     **params: Any,
 ) -> Outcome:
-    """One streamed request, timed; leaving early (``cancel_after_chunks``) cancels it on the server."""
+    """One streamed request, timed; leaving early (``cancel_after_chunks``) cancels it on the server.
+    ``on_chunk(time)`` and ``on_outcome(outcome so far)`` are called after each chunk."""
     out = Outcome()
     start = last = time.monotonic()
     stream = client.stream(prompt, timeout_s=timeout_s, **params)
@@ -61,6 +63,8 @@ def run_stream(
                 out.resumed = chunk.stats.resumed
             if on_chunk is not None:
                 on_chunk(now)
+            if on_outcome is not None:
+                on_outcome(out)
             if chunk.final:
                 out.finish_reason = chunk.finish_reason
                 break
