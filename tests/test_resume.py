@@ -16,6 +16,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import openai
@@ -71,11 +72,13 @@ def cut_on_the_client(
     real = SpecDecClient._attempt
     sent: list[GenerationRequest] = []
 
-    def attempt(self: SpecDecClient, request: GenerationRequest, timeout_s: float) -> Iterator[object]:
+    def attempt(
+        self: SpecDecClient, request: GenerationRequest, timeout_s: float, replica: int = 0
+    ) -> Iterator[object]:
         sent.append(request)
         if len(sent) == 1:
-            return _broken(real(self, request, timeout_s), after_chunks)
-        return real(self, change(request) if change else request, timeout_s)
+            return _broken(real(self, request, timeout_s, replica), after_chunks)
+        return real(self, change(request) if change else request, timeout_s, replica)
 
     monkeypatch.setattr(SpecDecClient, "_attempt", attempt)
     return sent
@@ -175,6 +178,12 @@ def _openai(client: openai.OpenAI, streamed: bool, sampling: dict[str, object]) 
     return "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw) if c.choices)  # type: ignore[arg-type]
 
 
+def _together(call: Callable[[int], str], n: int) -> list[str]:
+    """``call(0)`` .. ``call(n - 1)`` at once (outputs do not depend on the batch: each is its text alone)."""
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(call, range(n)))
+
+
 def _health(frontend: str) -> dict[str, Any]:
     try:
         with urllib.request.urlopen(f"{frontend}/health", timeout=5) as resp:
@@ -198,7 +207,7 @@ def test_every_stream_survives_a_killed_stub_and_a_killed_tritonserver(server: S
     restarts the server; every resuming stream completes with the text of the same request run
     alone; the one without resume fails as it always did."""
     openai_client = openai.OpenAI(base_url=f"{frontend}/v1", api_key="unused", timeout=300, max_retries=0)
-    openai_alone = [_openai(openai_client, streamed, sampling) for streamed, sampling in OPENAI_REQUESTS]
+    openai_alone = _together(lambda i: _openai(openai_client, *OPENAI_REQUESTS[i]), len(OPENAI_REQUESTS))
     side_results: dict[str, dict[str, object]] = {}
 
     def side(target: str) -> Callable[[], None]:
@@ -332,7 +341,7 @@ def test_a_lost_replica_s_streams_resume_on_another_and_never_on_another_model(
     request alone. Then the same against a replica started on another config: every resume is
     refused (SpecDecResumeError, or the endpoint's 502 resume_failed), only a prefix delivered."""
     openai_client = openai.OpenAI(base_url=f"{frontend}/v1", api_key="unused", timeout=120, max_retries=0)
-    alone = [_openai(openai_client, *OPENAI_REQUESTS[i]) for i in (1, 2)]
+    alone = _together(lambda i: _openai(openai_client, *OPENAI_REQUESTS[i + 1]), 2)
     first, other = replicas["first"], replicas["other"]
     endpoints: dict[str, list[str]] = replicas["endpoints"]  # type: ignore[assignment]
     assert isinstance(first, Server) and isinstance(other, Server)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trispec_client.client import SpecDecClient
-from trispec_client.soak.report import Report
+from trispec_client.soak.report import Outcome, Report
 from trispec_client.soak.target import Server
 
 
@@ -66,6 +66,8 @@ class Soak:
             resume=False,
         )
         self.idle_free = self.server.kv_state()[1]
+        # requests already run alone (the fault phase's rounds send the same ones): repr key -> outcome
+        self.alone: dict[str, Outcome] = {}
 
     def worker_client(self) -> SpecDecClient:
         # HTTP: a pool per worker keeps connections apart; gRPC opens a stream per request anyway

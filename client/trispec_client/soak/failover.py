@@ -22,7 +22,7 @@ from trispec_client.errors import ABORTED
 from trispec_client.soak import fault
 from trispec_client.soak.context import Soak
 from trispec_client.soak.report import Outcome
-from trispec_client.soak.stream import PROMPTS, run_stream
+from trispec_client.soak.stream import PROMPTS, run_alone, run_stream
 from trispec_client.soak.target import Server, find_server, kill_replica, split_host_port
 
 # Started beside the streams (e.g. a test's OpenAI requests): returns a function that waits for them.
@@ -60,8 +60,12 @@ def run(ctx: Soak, side: Side | None = None) -> None:
     # what each request gives alone, on a replica that serves the model the streams begin on (the
     # unseeded one needs the seed it is told: done after, and only where that model still runs)
     alone_on = second if same_model else first
-    alone = _run_all(
-        streams[:-1], lambda st: _client(s, [alone_on[st.protocol]], st.protocol, resume=False), s
+    alone = run_alone(
+        [
+            (_client(s, [alone_on[st.protocol]], st.protocol, resume=False), st.prompt, st.params)
+            for st in streams[:-1]
+        ],
+        s.request_timeout_s,
     )
     outcomes: list[Outcome | None] = [None] * len(streams)
     enough = [threading.Event() for _ in streams]
@@ -221,24 +225,6 @@ def _fingerprint(s: Any, url: str, protocol: str) -> str | None:
     for chunk in client.stream("Hi", max_tokens=1, num_draft_tokens=0):
         return chunk.model_fingerprint
     return None
-
-
-def _run_all(
-    streams: list[fault.FaultStream], client_for: Callable[[fault.FaultStream], SpecDecClient], s: Any
-) -> list[Outcome]:
-    """Each stream's request run alone (concurrently: outputs do not depend on the batch)."""
-    outcomes: list[Outcome] = [Outcome(kind="hung")] * len(streams)
-
-    def one(i: int) -> None:
-        st = streams[i]
-        outcomes[i] = run_stream(client_for(st), st.prompt, s.request_timeout_s, **st.params)
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(streams))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(s.request_timeout_s)
-    return outcomes
 
 
 def _client(s: Any, urls: list[str], protocol: str, *, resume: bool) -> SpecDecClient:
