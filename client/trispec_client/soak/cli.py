@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--failover-kill-after-tokens",
         type=int,
         default=1,
-        help="kill once every stream has this many tokens (default: %(default)s)",
+        help="kill once every stream is under way and the furthest has this many tokens (default: 1)",
     )
     g = p.add_argument_group("bounds")
     g.add_argument("--request-timeout-s", type=float, default=300.0, help="client deadline: past it = hung")

@@ -40,7 +40,8 @@ class Settings:
     fault_streams: int = 8
     fault_max_tokens: int = 64
     resume_timeout_s: float = 120.0
-    # phase failover: the second replica, and when the first is killed (every stream has this many tokens)
+    # phase failover: the second replica, and when the first is killed (every stream under way, the
+    # furthest with this many tokens)
     replica_url: str | None = None
     replica_http_url: str | None = None
     replica_metrics_url: str | None = None

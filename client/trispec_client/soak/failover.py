@@ -68,29 +68,35 @@ def run(ctx: Soak, side: Side | None = None) -> None:
         s.request_timeout_s,
     )
     outcomes: list[Outcome | None] = [None] * len(streams)
-    enough = [threading.Event() for _ in streams]
+    started = [threading.Event() for _ in streams]
+    furthest = threading.Event()  # some stream has --failover-kill-after-tokens tokens
 
     def one(i: int) -> None:
         stream = streams[i]
         client = _client(s, [first[stream.protocol], second[stream.protocol]], stream.protocol, resume=True)
 
         def seen(out: Outcome) -> None:
+            started[i].set()
             if out.tokens >= s.failover_kill_after_tokens:
-                enough[i].set()
+                furthest.set()
 
         try:
             outcomes[i] = run_stream(
                 client, stream.prompt, s.request_timeout_s, on_outcome=seen, **stream.params
             )
         finally:
-            enough[i].set()
+            started[i].set()
+            furthest.set()
 
     waiting = side("failover") if side is not None else None
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(streams))]
     for thread in threads:
         thread.start()
-    for event in enough:
+    # every stream under way, the furthest this far (streams with short prompts run ahead of those
+    # still prefilling long ones: waiting for all of them to have N tokens could see some finish)
+    for event in started:
         event.wait(s.request_timeout_s)
+    furthest.wait(s.request_timeout_s)
     killed = kill_replica(ports)
     killed_at = time.monotonic()
     ctx.log(f"failover: killed the first replica (pids {killed}) with {len(streams)} streams in flight")
