@@ -89,11 +89,32 @@ class Server:
 
 
 def start_server(
-    tmp: Path, *args: str, log_name: str = "server.log", keep_admin_key_env: bool = True
+    tmp: Path,
+    *args: str,
+    log_name: str = "server.log",
+    keep_admin_key_env: bool = True,
+    own_process_group: bool = False,
 ) -> Server:
     """``specdec-serve`` on free ports with ``args`` added; returns once ready (fails the test if it
-    never is). Its repository lives in ``tmp``, its output goes to ``tmp / log_name``."""
+    never is). Its repository lives in ``tmp``, its output goes to ``tmp / log_name``.
+    ``own_process_group``: in a session of its own, so that a test may kill its whole process group
+    (as a lost machine would) without touching pytest's."""
+    srv = launch_server(tmp, *args, log_name=log_name, keep_admin_key_env=keep_admin_key_env,
+                        own_process_group=own_process_group)  # fmt: skip
+    wait_until_ready(srv)
+    return srv
+
+
+def launch_server(
+    tmp: Path,
+    *args: str,
+    log_name: str = "server.log",
+    keep_admin_key_env: bool = True,
+    own_process_group: bool = False,
+) -> Server:
+    """``start_server`` without waiting: its ports are known at once, it is ready later."""
     http, grpc, metrics = free_ports()
+    tmp.mkdir(parents=True, exist_ok=True)
     log = tmp / log_name
     command = [
         str(BIN / "specdec-serve"),
@@ -107,16 +128,21 @@ def start_server(
     if not keep_admin_key_env:
         env.pop("SPECDEC_ADMIN_KEY", None)
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=own_process_group
+        )
     key_file = Path(args[args.index("--admin-key-file") + 1]) if "--admin-key-file" in args else tmp / "none"
-    srv = Server(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, key_file)
-    deadline = time.monotonic() + 240
+    return Server(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, key_file)
+
+
+def wait_until_ready(srv: Server, timeout_s: float = 240) -> None:
+    """Fails the test (and kills the server) if it exits or is not ready within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
     while not srv.ready():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"specdec-serve did not become ready:\n{log.read_text()[-3000:]}")
+        if srv.process.poll() is not None or time.monotonic() > deadline:
+            srv.process.kill()
+            pytest.fail(f"specdec-serve did not become ready:\n{srv.log.read_text()[-3000:]}")
         time.sleep(0.5)
-    return srv
 
 
 def stop_server(srv: Server) -> None:
@@ -129,30 +155,55 @@ def stop_server(srv: Server) -> None:
             srv.process.kill()
 
 
+def kill_server(srv: Server) -> None:
+    """A server a test may already have killed: whatever is left of it goes, its shm files too."""
+    from trispec.serving.shm import remove_stale_shm
+
+    if srv.process.poll() is None:
+        try:
+            os.killpg(srv.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            srv.process.kill()
+    srv.process.wait(timeout=30)
+    remove_stale_shm()
+
+
 @contextmanager
 def openai_frontend(grpc_url: str, log: Path) -> Iterator[str]:
-    """``specdec-openai`` in front of a server's gRPC port for the length of the block; yields its
-    base URL once /health answers (its output goes to ``log``)."""
-    port = free_port()
-    command = [str(BIN / "specdec-openai"), "--triton-url", grpc_url, "--port", str(port)]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while not _answers(f"{url}/health"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"specdec-openai did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
+    """``specdec-openai`` in front of a server's gRPC port (or several, comma-separated) for the length
+    of the block; yields its base URL once /health answers (its output goes to ``log``)."""
+    with openai_frontends([grpc_url], [log]) as urls:
+        yield urls[0]
+
+
+@contextmanager
+def openai_frontends(grpc_urls: list[str], logs: list[Path]) -> Iterator[list[str]]:
+    """One ``specdec-openai`` per entry, all started at once; yields their base URLs once each
+    /health answers."""
+    processes, urls = [], []
     try:
-        yield url
+        for grpc_url, log in zip(grpc_urls, logs, strict=True):
+            port = free_port()
+            command = [str(BIN / "specdec-openai"), "--triton-url", grpc_url, "--port", str(port)]
+            with log.open("wb") as out:
+                processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
+            urls.append(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 60
+        for process, url, log in zip(processes, urls, logs):
+            while not _answers(f"{url}/health"):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"specdec-openai did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.2)
+        yield urls
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        finally:
-            if process.poll() is None:
-                process.kill()
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=15)
+            finally:
+                if process.poll() is None:
+                    process.kill()
 
 
 def _answers(url: str) -> bool:

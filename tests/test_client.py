@@ -35,7 +35,7 @@ from trispec_client import (
     grpc_transport,
 )
 from trispec_client.client import _with_retries
-from trispec_client.errors import make_error, status_from_message
+from trispec_client.errors import SpecDecResumeError, make_error, status_from_message
 from trispec_client.http_transport import error_from_response, event_to_chunk
 from trispec_client.results import chunk_from_outputs, collect
 from trispec_client.sse import SSEParser
@@ -870,6 +870,7 @@ def test_cli_json_prints_one_object(fake_client: type[FakeClient]) -> None:
             "resumed": 0,
         },
         "seed": None,
+        "model_fingerprint": None,
     }
 
 
@@ -927,10 +928,12 @@ class Attempts:
     def __init__(self, *outcomes: SpecDecError | list[StreamChunk]) -> None:
         self.outcomes = list(outcomes)
         self.given: list[float] = []
+        self.replicas: list[int] = []
         self.closed = 0
 
-    def __call__(self, timeout_s: float) -> Iterator[StreamChunk]:
+    def __call__(self, timeout_s: float, replica: int = 0) -> Iterator[StreamChunk]:
         self.given.append(timeout_s)
+        self.replicas.append(replica)
         return self._run(self.outcomes.pop(0))
 
     def _run(self, outcome: SpecDecError | list[StreamChunk]) -> Iterator[StreamChunk]:
@@ -959,6 +962,30 @@ def test_retries_run_out_and_the_last_refusal_is_raised() -> None:
     attempts = Attempts(make_error(QUEUE_FULL, "UNAVAILABLE"), CHUNKS)
     with pytest.raises(SpecDecOverloadedError):
         list(_with_retries(attempts, 30.0, retries=0))
+
+
+REFUSED_AT_FIRST_CONTACT = "connection failed: [Errno 111] Connection refused"
+
+
+def test_a_refused_first_contact_tries_the_other_replicas_before_pausing() -> None:
+    """Several replicas: a request one cannot take (connection refused, restarting, overloaded) goes
+    to the next at once; only once every replica failed does it pause, for ``retries`` rounds."""
+    attempts = Attempts(SpecDecConnectionError(REFUSED_AT_FIRST_CONTACT), CHUNKS)
+    landed = [1]
+    start = time.monotonic()
+    assert list(_with_retries(attempts, 30.0, 0, replicas=2, start=1, landed=landed)) == CHUNKS
+    assert attempts.replicas == [1, 0] and landed == [0] and time.monotonic() - start < 0.2
+    refused = [SpecDecConnectionError(REFUSED_AT_FIRST_CONTACT) for _ in range(6)]
+    attempts = Attempts(*refused)
+    start = time.monotonic()
+    with pytest.raises(SpecDecConnectionError, match="Connection refused"):
+        list(_with_retries(attempts, 30.0, 1, replicas=3))
+    # two rounds of three, one pause (0.125-0.25 s) between them
+    assert attempts.replicas == [0, 1, 2, 0, 1, 2] and 0.1 < time.monotonic() - start < 0.5
+    attempts = Attempts(make_error("top_p: must be in (0, 1]", "INVALID_ARGUMENT"), CHUNKS)
+    with pytest.raises(InvalidRequestError):  # bad input is bad on every replica
+        list(_with_retries(attempts, 30.0, 3, replicas=2))
+    assert attempts.replicas == [0]
 
 
 def test_no_retry_past_the_deadline_for_bad_input_or_once_text_arrived() -> None:
@@ -1078,3 +1105,101 @@ def test_waiting_for_a_server_to_come_back_is_bounded() -> None:
                     client._model_ready, start, 1.5, pauses(), SpecDecConnectionError("Stream removed")
                 )
             assert 1.0 < time.monotonic() - start < 2.5
+
+
+# ---------------------------------------------------------------- several replicas (no server)
+
+
+def test_a_resumed_stream_must_come_from_the_model_it_began_on() -> None:
+    from trispec_client.resume import StreamResume, is_other_model, text_digest
+
+    state = StreamResume(GenerationRequest("Hi", max_tokens=8))
+    state.take(StreamChunk("Bon", 2, model_fingerprint="aaaa"))
+    state.cut(SpecDecConnectionError("Stream removed"))
+    assert state.request().expected_model_fingerprint == "aaaa"  # the replica checks it first
+    assert state.request().sent_values()["expected_model_fingerprint"] == "aaaa"
+    # a replica that answers anyway with another model's text is not continued
+    with pytest.raises(SpecDecResumeError, match="serving model fingerprint bbbb, not aaaa"):
+        state.take(StreamChunk("jour", 3, skipped_text_sha256=text_digest("Bon"), model_fingerprint="bbbb"))
+    assert state.text == "Bon"
+    message = "expected_model_fingerprint: this replica serves model fingerprint bbbb, not aaaa"
+    refusal = make_error(message, status_from_message(message))  # as both transports classify it
+    assert isinstance(refusal, InvalidRequestError) and is_other_model(refusal)
+    assert not is_other_model(SpecDecConnectionError("Stream removed"))
+    # a stream from a server without fingerprints is resumed as before, checked by its digest alone
+    old = StreamResume(GenerationRequest("Hi"))
+    old.take(StreamChunk("Bon", 2))
+    old.cut(SpecDecConnectionError("Stream removed"))
+    assert "expected_model_fingerprint" not in old.request().sent_values()
+
+
+class Fleet:
+    """Stand-in replicas for ``SpecDecClient``: per replica, the chunks (or error) of each attempt
+    sent there, and whether its model is ready."""
+
+    def __init__(
+        self, client: SpecDecClient, monkeypatch: pytest.MonkeyPatch, **replicas: list[object]
+    ) -> None:
+        self.outcomes = {int(name[1:]): list(v) for name, v in replicas.items()}
+        self.ready = {i: True for i in self.outcomes}
+        self.sent: list[tuple[int, GenerationRequest]] = []
+        monkeypatch.setattr(client.replicas, "attempt", self.attempt)
+        monkeypatch.setattr(client.replicas, "model_ready", lambda i, timeout_s: self.ready[i])
+
+    def attempt(self, index: int, request: GenerationRequest, timeout_s: float) -> Iterator[StreamChunk]:
+        self.sent.append((index, request))
+        outcome = self.outcomes[index].pop(0)
+
+        def run() -> Iterator[StreamChunk]:
+            for item in outcome if isinstance(outcome, list) else [outcome]:
+                if isinstance(item, Exception):
+                    raise item
+                yield item  # type: ignore[misc]
+
+        return run()
+
+
+def test_a_stream_cut_on_one_replica_resumes_on_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trispec_client.resume import text_digest
+
+    client = SpecDecClient("a:1,b:2", timeout_s=30, resume_timeout_s=5)
+    assert client.urls == ["a:1", "b:2"]
+    cut = SpecDecConnectionError("Stream removed")
+    fleet = Fleet(
+        client,
+        monkeypatch,
+        r0=[[StreamChunk("Bon", 2, seed=7, model_fingerprint="aaaa"), cut]],
+        r1=[
+            [
+                StreamChunk("jour", 4, skipped_text_sha256=text_digest("Bon"), model_fingerprint="aaaa"),
+                StreamChunk("", 4, final=True, finish_reason="length", stats=STATS),
+            ]
+        ],
+    )
+    fleet.ready[0] = False  # the replica that cut the stream is gone
+    chunks = list(client.stream("Hi", temperature=0.8))
+    assert "".join(c.text for c in chunks) == "Bonjour" and chunks[-1].stats.resumed == 1
+    (first, _), (second, again) = fleet.sent
+    assert (first, second) == (0, 1)
+    assert (again.seed, again.skip_output_tokens, again.expected_model_fingerprint) == (7, 2, "aaaa")
+
+
+def test_a_replica_serving_another_model_never_continues_a_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other replica refuses (another fingerprint): with no other ready replica serving the model
+    the stream began on, the request ends in SpecDecResumeError after the text before the cut."""
+    client = SpecDecClient(["a:1", "b:2", "c:3"], timeout_s=30, resume_timeout_s=5)
+    message = "expected_model_fingerprint: this replica serves model fingerprint bbbb, not aaaa"
+    other = make_error(message, status_from_message(message))
+    fleet = Fleet(
+        client,
+        monkeypatch,
+        r0=[[StreamChunk("Bon", 2, model_fingerprint="aaaa"), SpecDecConnectionError("Stream removed")]],
+        r1=[other],
+        r2=[other],
+    )
+    fleet.ready[0] = False
+    delivered = []
+    with pytest.raises(SpecDecResumeError, match="serves model fingerprint bbbb, not aaaa"):
+        for chunk in client.stream("Hi"):
+            delivered.append(chunk.text)
+    assert delivered == ["Bon"] and [i for i, _ in fleet.sent] == [0, 1, 2]

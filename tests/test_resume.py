@@ -11,17 +11,32 @@ Python stub and then tritonserver itself while streams run, as ``specdec-soak --
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import openai
 import pytest
-from served import Server, openai_frontend, start_server, stop_server
+from served import (
+    Server,
+    kill_server,
+    launch_server,
+    openai_frontend,
+    openai_frontends,
+    start_server,
+    stop_server,
+    wait_for,
+    wait_until_ready,
+)
+from trispec.config import DEFAULT_CONFIG_PATH as DEFAULT_CONFIG
 from trispec_client import SpecDecClient, SpecDecConnectionError, SpecDecError
 from trispec_client.errors import InvalidRequestError, SpecDecResumeError
 from trispec_client.request import GenerationRequest
-from trispec_client.soak import Report, Soak, build_parser, fault, settings_from
+from trispec_client.soak import Report, Soak, build_parser, failover, fault, settings_from
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
 
@@ -57,11 +72,13 @@ def cut_on_the_client(
     real = SpecDecClient._attempt
     sent: list[GenerationRequest] = []
 
-    def attempt(self: SpecDecClient, request: GenerationRequest, timeout_s: float) -> Iterator[object]:
+    def attempt(
+        self: SpecDecClient, request: GenerationRequest, timeout_s: float, replica: int = 0
+    ) -> Iterator[object]:
         sent.append(request)
         if len(sent) == 1:
-            return _broken(real(self, request, timeout_s), after_chunks)
-        return real(self, change(request) if change else request, timeout_s)
+            return _broken(real(self, request, timeout_s, replica), after_chunks)
+        return real(self, change(request) if change else request, timeout_s, replica)
 
     monkeypatch.setattr(SpecDecClient, "_attempt", attempt)
     return sent
@@ -191,6 +208,20 @@ def _openai(client: openai.OpenAI, streamed: bool, sampling: dict[str, object]) 
     return "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw) if c.choices)  # type: ignore[arg-type]
 
 
+def _together(call: Callable[[int], str], n: int) -> list[str]:
+    """``call(0)`` .. ``call(n - 1)`` at once (outputs do not depend on the batch: each is its text alone)."""
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(call, range(n)))
+
+
+def _health(frontend: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"{frontend}/health", timeout=5) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as error:  # 503: no replica ready; the body says which
+        return json.loads(error.read())
+
+
 def _resumed_by(frontend: str) -> float:
     with urllib.request.urlopen(f"{frontend}/metrics", timeout=5) as resp:
         line = next(
@@ -206,7 +237,7 @@ def test_every_stream_survives_a_killed_stub_and_a_killed_tritonserver(server: S
     restarts the server; every resuming stream completes with the text of the same request run
     alone; the one without resume fails as it always did."""
     openai_client = openai.OpenAI(base_url=f"{frontend}/v1", api_key="unused", timeout=300, max_retries=0)
-    openai_alone = [_openai(openai_client, streamed, sampling) for streamed, sampling in OPENAI_REQUESTS]
+    openai_alone = _together(lambda i: _openai(openai_client, *OPENAI_REQUESTS[i]), len(OPENAI_REQUESTS))
     side_results: dict[str, dict[str, object]] = {}
 
     def side(target: str) -> Callable[[], None]:
@@ -252,4 +283,119 @@ def test_every_stream_survives_a_killed_stub_and_a_killed_tritonserver(server: S
         # each OpenAI request was cut and resumed by the endpoint, not answered before the kill
         assert results["resumed_after"] - results["resumed_before"] >= len(OPENAI_REQUESTS), (target, results)
         assert isinstance(results["no resume"], SpecDecError), (target, results["no resume"])
+    assert server.ready()
+
+
+# -- a whole replica lost: the streams go on on another, or are refused if it serves another model --
+@pytest.fixture(scope="module")
+def replicas(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """Beside the module's server (the replica that survives): ``first``, another replica of the same
+    model, and ``other``, a replica on a config whose sampled outputs differ (an n-gram drafter: it
+    also loads faster), each in a process group of its own; and per scenario two specdec-openai
+    endpoints that know both replicas, the one to be killed first (an endpoint's first generation
+    goes to its first replica, so each OpenAI request is on the replica killed). All start together."""
+    tmp = tmp_path_factory.mktemp("failover")
+    other_config = tmp / "other.yaml"
+    drafter = "drafter:\n  kind: self\n  precision: int8\n  kv_cache_mb: 128\n"
+    assert drafter in DEFAULT_CONFIG.read_text()
+    other_config.write_text(DEFAULT_CONFIG.read_text().replace(drafter, "drafter:\n  kind: ngram\n"))
+    first = launch_server(tmp / "first", "--open-admin-apis", own_process_group=True)
+    other = launch_server(
+        tmp / "other", "--open-admin-apis", "--config", str(other_config), own_process_group=True
+    )
+    try:
+        backends = [f"{killed.grpc},{server.grpc}" for killed in (first, first, other, other)]
+        logs = [tmp / f"openai{i}.log" for i in range(4)]
+        with openai_frontends(backends, logs) as endpoints:
+            wait_until_ready(first)
+            wait_until_ready(other)
+            # each endpoint sees its first replica ready (its channel connected), so that its first
+            # generation goes there rather than failing over at once
+            for endpoint in endpoints:
+                wait_for(
+                    lambda e=endpoint: _health(e)["backends"][0]["ready"], 30, f"{endpoint}'s first replica"
+                )
+            yield {
+                "first": first,
+                "other": other,
+                "endpoints": {"same": endpoints[:2], "other": endpoints[2:]},
+            }
+    finally:
+        for srv in (first, other):
+            kill_server(srv)
+
+
+def _failover(
+    server: Server, first: Server, endpoints: list[str], *extra: str
+) -> tuple[Report, dict[str, object]]:
+    """``specdec-soak --phases failover`` against ``first`` with the module's server as the second
+    replica; two OpenAI requests (streamed, not) through ``endpoints`` beside its streams."""
+    results: dict[str, object] = {}
+    requests = [OPENAI_REQUESTS[1], OPENAI_REQUESTS[2]]  # sampled streamed, greedy whole
+
+    def side(_: str) -> Callable[[], None]:
+        def call(i: int) -> None:
+            client = openai.OpenAI(
+                base_url=f"{endpoints[i]}/v1", api_key="unused", timeout=120, max_retries=0
+            )
+            try:
+                results[f"openai {i}"] = _openai(client, *requests[i])
+            except Exception as exc:
+                results[f"openai {i}"] = exc
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(requests))]
+        for thread in threads:
+            thread.start()
+        # both are running on the first replica before the soak's own streams start (it kills the
+        # replica once those have their first tokens)
+        wait_for(lambda: first.metric_or_zero("specdec_running_sequences") >= 2, 60, "the OpenAI requests")
+        return lambda: [thread.join(120) for thread in threads] and None
+
+    argv = ["--url", first.grpc, "--http-url", first.http, "--metrics-url", first.metrics]
+    argv += ["--replica-url", server.grpc, "--replica-http-url", server.http]
+    argv += ["--phases", "failover", "--fault-streams", "6", "--request-timeout-s", "120"]
+    argv += ["--resume-timeout-s", "30", *extra]
+    report = Report()
+    failover.run(
+        Soak(settings_from(build_parser().parse_args(argv), argv), report, lambda _: None), side=side
+    )
+    return report, results
+
+
+def test_a_lost_replica_s_streams_resume_on_another_and_never_on_another_model(
+    server: Server, frontend: str, replicas: dict[str, object]
+) -> None:
+    """Two replicas of the same model: kill -9 of the first one's whole process group with 9 streams
+    in flight (7 through trispec_client: 3 gRPC, 3 HTTP, greedy and seeded T = 0.8, k = 0 and 4, and
+    one sampled without a seed; 2 through specdec-openai, streamed and not): every one is resumed on the second and ends with the text of the same
+    request alone. Then the same against a replica started on another config: every resume is
+    refused (SpecDecResumeError, or the endpoint's 502 resume_failed), only a prefix delivered."""
+    openai_client = openai.OpenAI(base_url=f"{frontend}/v1", api_key="unused", timeout=120, max_retries=0)
+    alone = _together(lambda i: _openai(openai_client, *OPENAI_REQUESTS[i + 1]), 2)
+    first, other = replicas["first"], replicas["other"]
+    endpoints: dict[str, list[str]] = replicas["endpoints"]  # type: ignore[assignment]
+    assert isinstance(first, Server) and isinstance(other, Server)
+
+    report, results = _failover(server, first, endpoints["same"])
+    failed = [(c.name, c.value) for c in report.checks if c.passed is not True]
+    assert not failed, (failed, report.figures)
+    fingerprints = report.figures["failover"]["fingerprints"]
+    assert fingerprints[0] == fingerprints[1] is not None
+    for i, want in enumerate(alone):
+        assert results[f"openai {i}"] == want, (i, results[f"openai {i}"])
+    assert [_resumed_by(url) for url in endpoints["same"]] == [1.0, 1.0]
+    # the endpoint's health lists each replica with the model it named (the first one is gone)
+    health = _health(endpoints["same"][0])
+    assert [b["ready"] for b in health["backends"]] == [False, True], health
+    assert health["backends"][1]["model_fingerprint"] == fingerprints[1], health
+
+    report, results = _failover(server, other, endpoints["other"])
+    failed = [(c.name, c.value) for c in report.checks if c.passed is not True]
+    assert not failed, (failed, report.figures)
+    fingerprints = report.figures["failover"]["fingerprints"]
+    assert None not in fingerprints and fingerprints[0] != fingerprints[1]
+    for i in range(2):
+        refused = results[f"openai {i}"]
+        assert isinstance(refused, openai.APIError) and "model fingerprint" in str(refused), refused
+    assert server.metric("specdec_requests_rejected_total", reason="other_model") >= 9
     assert server.ready()

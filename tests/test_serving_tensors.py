@@ -286,6 +286,7 @@ def test_response_tensors_follow_the_output_table() -> None:
         num_output_tokens=2,
         seed=2**63 + 1,
         skipped_text_sha256="ab" * 32,
+        model_fingerprint="0123456789abcdef",
     )
     declared = {s.name for s in OUTPUTS}
     never_sent = {s.name for s in OUTPUTS if s.status == "refused"}
@@ -302,6 +303,7 @@ def test_response_tensors_follow_the_output_table() -> None:
     assert (final["num_input_tokens"][0, 0], final["num_output_tokens"][0, 0]) == (6, 2)
     assert final["sampling_seed"].dtype == np.uint64 and final["sampling_seed"][0, 0] == 2**63 + 1
     assert final["skipped_text_sha256"][0, 0] == b"ab" * 32
+    assert final["model_fingerprint"][0, 0] == b"0123456789abcdef"
     assert final["draft_tokens"][0, 0] == 6 and final["accepted_tokens"][0, 0] == 4
     assert final["total_draft_tokens"][0, 0] == 6 and final["total_accepted_draft_tokens"][0, 0] == 4
     assert final["verify_rounds"][0, 0] == 3
@@ -410,6 +412,26 @@ def test_skip_output_tokens_resumes_only_what_can_be_resumed_exactly() -> None:
     with pytest.raises(InvalidInputError, match="not supported: the GPU path") as error:
         parse_inputs(given.get, DEFAULTS, resume_refusal="the GPU path is not batch-invariant")
     assert error.value.field == "skip_output_tokens"
+
+
+def test_a_resume_expecting_another_model_is_refused() -> None:
+    """A stream that began on a replica serving another model (another fingerprint) does not go on
+    here: its text would be spliced from two models."""
+    mine = "0123456789abcdef"
+    same = tensors(text_input="x", expected_model_fingerprint=np.array([[mine.encode()]], dtype=object))
+    parsed = parse_inputs(same.get, DEFAULTS, model_fingerprint=mine)
+    assert parsed.model_fingerprint == mine  # reported in each sequence's first response
+    other = tensors(
+        text_input="x", expected_model_fingerprint=np.array([[b"fedcba9876543210"]], dtype=object)
+    )
+    with pytest.raises(
+        InvalidInputError, match=f"serves model fingerprint {mine}, not fedcba9876543210"
+    ) as error:
+        parse_inputs(other.get, DEFAULTS, model_fingerprint=mine)
+    assert error.value.field == "expected_model_fingerprint" and error.value.reason == "other_model"
+    assert (
+        parse_inputs(tensors(text_input="x").get, DEFAULTS, model_fingerprint=mine).model_fingerprint == mine
+    )
 
 
 def test_exact_resumption_is_refused_on_trtllm_and_on_cuda() -> None:

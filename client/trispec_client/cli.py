@@ -51,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("text", metavar="TEXT", help="the prompt")
     gen.add_argument(
         "--url",
-        help=f"server address (default: {DEFAULT_URLS['grpc']} for grpc, {DEFAULT_URLS['http']} for http)",
+        action="append",
+        help=f"server address (default: {DEFAULT_URLS['grpc']} for grpc, {DEFAULT_URLS['http']} for http); "
+        "repeat it or separate with commas to name several replicas of the model: a request that cannot "
+        "reach one tries the others, and a stream one of them cut resumes on another",
     )
     gen.add_argument("--protocol", choices=PROTOCOLS, default="grpc", help="default: grpc")
     gen.add_argument("--model", default=DEFAULT_MODEL, help=f"model name (default: {DEFAULT_MODEL})")

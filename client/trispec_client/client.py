@@ -5,17 +5,19 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from types import TracebackType
 from typing import Literal
 
 from trispec_client.errors import SpecDecError, SpecDecTimeoutError
+from trispec_client.replicas import Replicas, split_urls
 from trispec_client.request import GenerationRequest
 from trispec_client.results import Completion, StreamChunk, collect
 from trispec_client.resume import (
     DEFAULT_RESUME_TIMEOUT_S,
     StreamResume,
     is_cut,
+    is_other_model,
     pauses,
     refusal_of_resend,
     wait_until_ready,
@@ -64,11 +66,17 @@ class SpecDecClient:
     whose final chunk says ``stats.resumed``. Time spent resuming extends the deadline.
     Inputs left at ``None`` (or empty) are not sent, so the server's defaults apply.
     Thread-safe: every request opens its own gRPC stream / HTTP connection.
+
+    ``url`` may name several replicas of the model (a list, or one string with commas): new requests
+    take them in turn, a request that cannot reach one tries the others (then pauses, ``retries``
+    rounds), and a cut stream is resumed on whichever is ready, the others first. A replica that
+    serves another model (another ``model_fingerprint``) never continues a stream; if no ready
+    replica serves the model the stream began on, it ends in ``SpecDecResumeError``.
     """
 
     def __init__(
         self,
-        url: str | None = None,
+        url: str | Sequence[str] | None = None,
         protocol: Protocol = "grpc",
         model: str = DEFAULT_MODEL,
         timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -84,18 +92,12 @@ class SpecDecClient:
         self.retries = check_retries(retries)
         self.resume = bool(resume)
         self.resume_timeout_s = check_timeout(resume_timeout_s)
-        # a response came from this server before: a refused connection now means it is restarting,
-        # not a wrong address, so a new request waits for it too
+        # a response came from these servers before: a refused connection now means they are
+        # restarting, not a wrong address, so a new request waits for them too
         self._reached = False
-        self.url = url or DEFAULT_URLS[protocol]
-        if protocol == "http":
-            from trispec_client.http_transport import make_pool
-
-            self._pool, self._prefix = make_pool(self.url)
-        else:
-            self.url = self.url.removeprefix("grpc://")
-            if "://" in self.url or "/" in self.url:
-                raise ValueError(f"url: gRPC expects host:port, got {url!r}")
+        self.replicas = Replicas(split_urls(url, DEFAULT_URLS[protocol]), protocol, model)
+        self.urls = self.replicas.urls
+        self.url = self.urls[0]
 
     def stream(
         self,
@@ -167,8 +169,7 @@ class SpecDecClient:
         return collect(self._send(request, self._timeout(timeout_s)))
 
     def close(self) -> None:
-        if self.protocol == "http":
-            self._pool.close()
+        self.replicas.close()
 
     def __enter__(self) -> SpecDecClient:
         return self
@@ -182,27 +183,33 @@ class SpecDecClient:
         return self.timeout_s if timeout_s is None else check_timeout(timeout_s)
 
     def _send(self, request: GenerationRequest, timeout_s: float) -> Generator[StreamChunk, None, None]:
+        start = self.replicas.next_start()
         if self.resume:
-            return self._resuming(request, timeout_s)
-        return _with_retries(lambda left_s: self._attempt(request, left_s), timeout_s, self.retries)
+            return self._resuming(request, timeout_s, start)
+        return _with_retries(
+            lambda left_s, replica: self._attempt(request, left_s, replica),
+            timeout_s,
+            self.retries,
+            len(self.replicas),
+            start,
+        )
 
-    def _attempt(self, request: GenerationRequest, timeout_s: float) -> Generator[StreamChunk, None, None]:
-        if self.protocol == "http":
-            from trispec_client.http_transport import stream_http
+    def _attempt(
+        self, request: GenerationRequest, timeout_s: float, replica: int = 0
+    ) -> Generator[StreamChunk, None, None]:
+        return self.replicas.attempt(replica, request, timeout_s)
 
-            return stream_http(self._pool, self._prefix, self.model, request, timeout_s)
-        # imported here: tritonclient.grpc takes a while to import and HTTP users never need it
-        from trispec_client.grpc_transport import stream_grpc
-
-        return stream_grpc(self.url, self.model, request, timeout_s)
-
-    def _resuming(self, request: GenerationRequest, timeout_s: float) -> Generator[StreamChunk, None, None]:
+    def _resuming(
+        self, request: GenerationRequest, timeout_s: float, start: int = 0
+    ) -> Generator[StreamChunk, None, None]:
         """The request's chunks as one stream, resumed after every cut (see the class docstring)."""
         state = StreamResume(request)
         deadline = time.monotonic() + timeout_s
         resuming_since: float | None = None  # when the stream being resumed was cut
         credited = 0.0  # when the deadline was last moved for the time spent resuming
         waits = pauses()
+        on = [start]  # the replica the current attempt went to
+        other_models: set[int] = set()  # replicas that refused to continue: they serve another model
         while True:
             now = time.monotonic()
             if resuming_since is not None:  # time spent waiting for the server does not count
@@ -211,9 +218,16 @@ class SpecDecClient:
             if left <= 0:
                 raise SpecDecTimeoutError(f"no final response within {timeout_s:g} s")
             if state.resumed == 0:  # the first send: refusals for now are retried as ever
-                chunks = _with_retries(lambda s: self._attempt(request, s), timeout_s, self.retries)
+                chunks = _with_retries(
+                    lambda s, replica: self._attempt(request, s, replica),
+                    timeout_s,
+                    self.retries,
+                    len(self.replicas),
+                    on[0],
+                    landed=on,
+                )
             else:  # the server first generates again what it skips: that may take a resume's time
-                chunks = self._attempt(state.request(), left + self.resume_timeout_s)
+                chunks = self._attempt(state.request(), left + self.resume_timeout_s, on[0])
             try:
                 for chunk in chunks:
                     delivered = state.take(chunk)
@@ -226,6 +240,14 @@ class SpecDecClient:
                         return
                 return
             except SpecDecError as exc:
+                if state.resumed and is_other_model(exc):
+                    # this replica serves another model: only a ready one serving ours may go on
+                    other_models.add(on[0])
+                    found = self._ready_replica(self.replicas.resume_order(on[0]), other_models, 2.0)
+                    if found is None:
+                        raise state.refused(exc) from exc
+                    on[0] = found
+                    continue
                 if state.resumed and refusal_of_resend(exc):
                     raise state.refused(exc) from exc
                 if not is_cut(exc, started=state.started, reached=self._reached):
@@ -233,40 +255,63 @@ class SpecDecClient:
                 if resuming_since is None:
                     resuming_since = credited = time.monotonic()
                 state.cut(exc)
-                wait_until_ready(self._model_ready, resuming_since, self.resume_timeout_s, waits, exc)
+                order = self.replicas.resume_order(on[0])
+
+                def ready(probe_s: float, order: list[int] = order) -> bool:
+                    found = self._ready_replica(order, other_models, probe_s)
+                    if found is not None:
+                        on[0] = found
+                    return found is not None
+
+                wait_until_ready(ready, resuming_since, self.resume_timeout_s, waits, exc)
             finally:
                 chunks.close()  # leaving early cancels the request on the server
 
+    def _ready_replica(self, order: list[int], skip: set[int], probe_s: float) -> int | None:
+        """The first replica in ``order`` (not in ``skip``) whose model is ready, or None."""
+        for index in order:
+            if index not in skip and self.replicas.model_ready(index, probe_s):
+                return index
+        return None
+
     def _model_ready(self, timeout_s: float) -> bool:
-        if self.protocol == "http":
-            from trispec_client.http_transport import model_ready
-
-            return model_ready(self._pool, self._prefix, self.model, timeout_s)
-        from trispec_client.grpc_transport import model_ready as grpc_model_ready
-
-        return grpc_model_ready(self.url, self.model, timeout_s)
+        """Whether some replica's model is ready."""
+        return self._ready_replica(list(range(len(self.replicas))), set(), timeout_s) is not None
 
 
 def _with_retries(
-    attempt: Callable[[float], Generator[StreamChunk, None, None]], timeout_s: float, retries: int
+    attempt: Callable[[float, int], Generator[StreamChunk, None, None]],
+    timeout_s: float,
+    retries: int,
+    replicas: int = 1,
+    start: int = 0,
+    landed: list[int] | None = None,
 ) -> Generator[StreamChunk, None, None]:
-    """The chunks of the first attempt that gets as far as a chunk; an attempt that fails retryably
-    before that is made again (``attempt(seconds left)``) up to ``retries`` times within ``timeout_s``."""
+    """The chunks of the first attempt that gets as far as a chunk. ``attempt(seconds left, replica)``
+    that fails retryably before that (unreachable, refused for now) is made on the next replica at
+    once; once every replica failed, after a pause, for ``retries`` more rounds, within ``timeout_s``.
+    ``landed[0]`` is set to the replica that answered."""
     deadline = time.monotonic() + timeout_s
     tries = 0
     while True:
-        chunks = attempt(timeout_s if tries == 0 else max(deadline - time.monotonic(), 1e-3))
+        replica = (start + tries) % replicas
+        chunks = attempt(timeout_s if tries == 0 else max(deadline - time.monotonic(), 1e-3), replica)
         try:
             first = next(chunks)
         except StopIteration:
             return
         except SpecDecError as exc:
-            pause = RETRY_DELAY_S * 2**tries * random.uniform(0.5, 1.0)
-            if not exc.retryable or tries >= retries or time.monotonic() + pause >= deadline:
+            if not exc.retryable or tries + 1 >= (retries + 1) * replicas:
                 raise
             tries += 1
-            time.sleep(pause)
+            if tries % replicas == 0:  # every replica failed this round: pause before the next
+                pause = RETRY_DELAY_S * 2 ** (tries // replicas - 1) * random.uniform(0.5, 1.0)
+                if time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
             continue
+        if landed is not None:
+            landed[0] = replica
         try:
             yield first
             yield from chunks

@@ -41,6 +41,7 @@ INPUT_NAMES = (
     "stream",
     "exclude_input_in_output",
     "skip_output_tokens",
+    "expected_model_fingerprint",
 )
 _FIELD_PREFIX = re.compile(rf"^\s*({'|'.join(INPUT_NAMES)}):")
 

@@ -69,6 +69,8 @@ class GenerationRequest:
     # a resumed stream (trispec_client.resume): the server generates these first tokens again without
     # sending their text
     skip_output_tokens: int | None = None
+    # a stream resumed on another replica: the model it began on (the server refuses another one)
+    expected_model_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -98,6 +100,8 @@ class GenerationRequest:
             words = getattr(self, name)
             if words:
                 values[name] = list(words)
+        if self.expected_model_fingerprint:
+            values["expected_model_fingerprint"] = self.expected_model_fingerprint
         return values
 
     def json_body(self) -> dict[str, Any]:

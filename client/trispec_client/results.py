@@ -47,6 +47,9 @@ class StreamChunk:
     seed: int | None = None
     # a resumed request's first response: the SHA-256 (hex) of the text of the tokens it skipped
     skipped_text_sha256: str | None = None
+    # first response: what produces the text (servers from before it send none); a stream resumes
+    # only on a replica with the same
+    model_fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class Completion:
     stats: SpeculationStats | None
     # the seed a sampled request drew with (None: greedy); send it again to get the same text
     seed: int | None = None
+    # the model fingerprint of the replica(s) that produced it
+    model_fingerprint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +81,7 @@ def chunk_from_outputs(
     reason = _scalar(outputs.get("finish_reason"))
     seed = _scalar(outputs.get("sampling_seed"))
     skipped = _scalar(outputs.get("skipped_text_sha256"))
+    fingerprint = _scalar(outputs.get("model_fingerprint"))
     stats = None
     if any(outputs.get(name) is not None for name in _STAT_FIELDS):
         # a partial set still yields stats; missing totals read as 0 rather than hiding the others
@@ -96,6 +102,7 @@ def chunk_from_outputs(
         stats=stats,
         seed=None if seed is None else int(seed),
         skipped_text_sha256=None if skipped is None else _text(skipped),
+        model_fingerprint=None if fingerprint is None else _text(fingerprint),
     )
 
 
@@ -103,14 +110,15 @@ def collect(chunks: Iterable[StreamChunk]) -> Completion:
     """Join a stream's chunks into a completion (the final chunk's reason and stats)."""
     parts: list[str] = []
     last: StreamChunk | None = None
-    seed = None
+    seed = fingerprint = None
     for chunk in chunks:
         parts.append(chunk.text)
         last = chunk
         seed = chunk.seed if seed is None else seed
+        fingerprint = chunk.model_fingerprint if fingerprint is None else fingerprint
     if last is None:
         return Completion(text="", token_count=0, finish_reason=None, stats=None)
-    return Completion("".join(parts), last.token_count, last.finish_reason, last.stats, seed)
+    return Completion("".join(parts), last.token_count, last.finish_reason, last.stats, seed, fingerprint)
 
 
 def _scalar(value: Any) -> Any:

@@ -9,6 +9,11 @@ already delivered: the server generates them again without sending their text, a
 skipped with the SHA-256 of that text (``skipped_text_sha256``). Only if it equals the text delivered
 so far does the stream carry on; otherwise the request ends with :class:`SpecDecResumeError`.
 
+Another replica may take the resumed request, but only one serving the same model: the first response
+says which model produced the text (``model_fingerprint``), the re-sent request names it
+(``expected_model_fingerprint``) and a replica serving another refuses it; a resumed stream whose
+first response names another model is not continued either. Two models never share one text.
+
 Both the synchronous client (``client.py``) and the OpenAI endpoint (``trispec_openai``) drive this
 state; what waits and re-sends is theirs.
 """
@@ -138,6 +143,8 @@ class StreamResume:
         self.text = ""
         self.token_count = 0
         self.seed = request.seed
+        # the model the stream began on (from its first response; None from servers without it)
+        self.fingerprint: str | None = None
         self.resumed = 0
         # the current attempt skips tokens: its first chunk must confirm them
         self._to_confirm: int | None = None
@@ -152,7 +159,12 @@ class StreamResume:
     def request(self) -> GenerationRequest:
         if self.resumed == 0:
             return self.original
-        return replace(self.original, seed=self.seed, skip_output_tokens=self.token_count)
+        return replace(
+            self.original,
+            seed=self.seed,
+            skip_output_tokens=self.token_count,
+            expected_model_fingerprint=self.fingerprint,
+        )
 
     def cut(self, error: SpecDecError) -> None:
         """The current attempt was cut by ``error``: the next ``request()`` resumes. Counts a resume
@@ -181,6 +193,7 @@ class StreamResume:
                     "not continue the one delivered"
                 )
             self.seed = chunk.seed
+        self._check_model(chunk)
         if self._to_confirm is not None:
             self._confirm(chunk, self._to_confirm)
             self._to_confirm = None
@@ -191,6 +204,20 @@ class StreamResume:
             stats = chunk.stats
             return replace(chunk, stats=None if stats is None else replace(stats, resumed=self.resumed))
         return chunk
+
+    def _check_model(self, chunk: StreamChunk) -> None:
+        """The first chunk of each attempt names the model that produced it: the same one, always."""
+        if self.fingerprint is None:
+            self.fingerprint = chunk.model_fingerprint
+            return
+        if self._to_confirm is None:
+            return  # not an attempt's first chunk
+        if chunk.model_fingerprint != self.fingerprint:
+            raise SpecDecResumeError(
+                f"the resumed stream comes from a replica serving model fingerprint "
+                f"{chunk.model_fingerprint or 'unknown'}, not {self.fingerprint} (the one it began on): "
+                "not resuming, so that no text spliced from two models is delivered"
+            )
 
     def _confirm(self, chunk: StreamChunk, skipped: int) -> None:
         """The first chunk of a resumed stream: it skipped ``skipped`` tokens, whose text must be the
@@ -210,6 +237,11 @@ class StreamResume:
             )
 
 
+def is_other_model(error: SpecDecError) -> bool:
+    """A re-sent request refused because that replica serves another model (another fingerprint)."""
+    return error.message.lstrip().startswith("expected_model_fingerprint:")
+
+
 def refusal_of_resend(error: SpecDecError) -> bool:
     """A re-sent request refused as invalid: resuming is impossible, not just delayed."""
     return isinstance(error, InvalidRequestError) or error.status == INVALID_ARGUMENT
@@ -221,6 +253,7 @@ __all__ = [
     "SpecDecResumeError",
     "StreamResume",
     "is_cut",
+    "is_other_model",
     "looks_cut",
     "pauses",
     "refusal_of_resend",

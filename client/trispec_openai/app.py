@@ -1,5 +1,6 @@
 """The OpenAI-compatible routes (FastAPI): ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
-``/health`` (200 while Triton says the model is ready, else 503: for load balancers) and ``/metrics``
+``/health`` (200 while some Triton replica says the model is ready, else 503: for load balancers; the
+body lists each replica, its readiness and the model fingerprint it last named) and ``/metrics``
 (Prometheus text: ``specdec_resumed_streams_total``, the generations resumed after Triton cut them).
 
 Bodies are read and validated here rather than by FastAPI's body parameters, so that every failure,
@@ -127,8 +128,9 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
 
     @app.get("/health")
     async def health() -> Response:
-        ready = await generator.ready()
-        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+        backends = await generator.health()
+        ready = any(backend["ready"] for backend in backends)
+        return JSONResponse({"ready": ready, "backends": backends}, status_code=200 if ready else 503)
 
     async def answer(call: Call, stream: bool, request: Request) -> Response:
         return await (call.streamed() if stream else call.whole(request.is_disconnected))

@@ -22,7 +22,13 @@ from trispec_openai.triton import TritonGenerator
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="specdec-openai", description=__doc__.splitlines()[0])
-    parser.add_argument("--triton-url", default="localhost:8001", help="Triton's gRPC address")
+    parser.add_argument(
+        "--triton-url",
+        action="append",
+        help="Triton's gRPC address (default: localhost:8001); repeat it or separate with commas to name "
+        "several replicas of the model: a generation that cannot reach one tries the others, and one cut "
+        "on a replica resumes on another serving the same model",
+    )
     parser.add_argument("--model", default="specdec", help="the Triton model to call")
     parser.add_argument(
         "--served-model-name", default=None, help="the name clients send as 'model' (default: --model)"
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specdec-openai: {exc}", file=sys.stderr)
         return 2
     generator = TritonGenerator(
-        args.triton_url,
+        args.triton_url or "localhost:8001",
         args.model,
         args.request_timeout,
         resume=args.resume,
@@ -71,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(generator, tokenizer, served)
     print(
         f"specdec-openai: serving {served} on http://{args.host}:{args.port}/v1 "
-        f"(Triton gRPC {args.triton_url}, model {args.model})",
+        f"(Triton gRPC {', '.join(generator.urls)}, model {args.model})",
         flush=True,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

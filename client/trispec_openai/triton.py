@@ -11,11 +11,17 @@ as ``trispec_client`` resumes one (``trispec_client.resume``): wait until the mo
 (at most ``resume_timeout_s`` per resume, growing pauses), send the request again with its seed and
 ``skip_output_tokens``, check that what the server skipped is what was already produced, carry on.
 The OpenAI client sees one uninterrupted answer; each resume counts in ``resumed_total``.
+
+Several Triton replicas (``urls``): new generations take them in turn, one that cannot reach its
+replica (connection refused, overloaded) tries the others at once, and a cut stream resumes on a
+ready replica (the others first) serving the same model (``model_fingerprint``); one serving
+another model refuses it, and with none left the answer is an error, never a spliced text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,9 +31,12 @@ import numpy as np
 import tritonclient.grpc.aio as aiogrpc
 from trispec_client.errors import SpecDecError, SpecDecResumeError
 from trispec_client.grpc_transport import infer_inputs, response_outputs
+from trispec_client.replicas import split_urls
 from trispec_client.request import GenerationRequest
 from trispec_client.results import SpeculationStats, chunk_from_outputs
 from trispec_client.resume import DEFAULT_RESUME_TIMEOUT_S, StreamResume, looks_cut, pauses
+from tritonclient.grpc import KeepAliveOptions
+from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
 from tritonclient.utils import InferenceServerException
 
 from trispec_openai.errors import OpenAIError, from_model_message, from_rpc_error
@@ -53,6 +62,8 @@ class Piece:
     seed: int | None = None
     # a resumed request's first response: the SHA-256 of the text of the tokens it skipped
     skipped_text_sha256: str | None = None
+    # first response: what produces the text (trispec.serving.fingerprint)
+    model_fingerprint: str | None = None
 
 
 class _Cut(Exception):
@@ -81,18 +92,42 @@ def scalar_input(name: str, value: bool | float) -> aiogrpc.InferInput:
     return tensor
 
 
+def channel_args() -> list[tuple[str, object]]:
+    """tritonclient's own channel options, with reconnection tried at least every 2 s: gRPC's default
+    back-off grows to 120 s, so a replica that restarted (or came up after this endpoint) would be
+    seen as down long after it is ready, and never get traffic or resumed streams back."""
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", 250),
+        ("grpc.min_reconnect_backoff_ms", 250),
+        ("grpc.max_reconnect_backoff_ms", 2000),
+    ]
+
+
+def _other_model(error: OpenAIError) -> bool:
+    """The replica refused a resumed request: it serves another model (another fingerprint)."""
+    return error.status == 400 and error.message.lstrip().startswith("expected_model_fingerprint:")
+
+
 class TritonGenerator:
-    """Generations over one gRPC channel to Triton, shared by every HTTP request."""
+    """Generations over one gRPC channel per Triton replica, shared by every HTTP request."""
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         model: str,
         timeout_s: float,
         resume: bool = True,
         resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
     ) -> None:
-        self.url = url
+        self.urls = split_urls(url, "localhost:8001")
+        self.url = self.urls[0]
         self.model = model
         self.timeout_s = timeout_s
         self.resume = resume
@@ -101,38 +136,61 @@ class TritonGenerator:
         self.resumed_total = 0
         # Triton answered before: a refused connection now means it is restarting (wait for it)
         self._reached = False
-        self._client: aiogrpc.InferenceServerClient | None = None
+        self._clients: list[aiogrpc.InferenceServerClient] = []
         self._inputs: frozenset[str] | None = None
+        self._turn = itertools.count()
+        # the model fingerprint each replica's last first response named (None: none seen yet)
+        self.fingerprints: list[str | None] = [None] * len(self.urls)
 
     async def open(self) -> None:
-        self._client = aiogrpc.InferenceServerClient(self.url)
+        self._clients = [aiogrpc.InferenceServerClient(url, channel_args=channel_args()) for url in self.urls]
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        clients, self._clients = self._clients, []
+        for client in clients:
+            await client.close()
 
     @property
     def client(self) -> aiogrpc.InferenceServerClient:
-        if self._client is None:
-            raise RuntimeError("TritonGenerator.open() was not called")
-        return self._client
+        """The first replica's client."""
+        return self.replica(0)
 
-    async def ready(self) -> bool:
+    def replica(self, index: int) -> aiogrpc.InferenceServerClient:
+        if not self._clients:
+            raise RuntimeError("TritonGenerator.open() was not called")
+        return self._clients[index]
+
+    async def replica_ready(self, index: int, timeout_s: float = 5.0) -> bool:
         try:
-            return bool(await self.client.is_model_ready(self.model, client_timeout=5))
+            return bool(await self.replica(index).is_model_ready(self.model, client_timeout=timeout_s))
         except Exception:
             return False
+
+    async def ready(self) -> bool:
+        """Whether some replica's model is ready."""
+        return any([await self.replica_ready(i) for i in range(len(self.urls))])
+
+    async def health(self) -> list[dict[str, object]]:
+        """Each replica: its address, whether its model is ready, the model fingerprint it named last."""
+        return [
+            {"url": url, "ready": await self.replica_ready(i), "model_fingerprint": self.fingerprints[i]}
+            for i, url in enumerate(self.urls)
+        ]
 
     async def model_inputs(self) -> frozenset[str]:
         """The model's input names (asked once): optional flags are sent only to a model that declares
         them, since Triton refuses an undeclared input."""
         if self._inputs is None:
-            try:
-                metadata = await self.client.get_model_metadata(self.model, as_json=True)
-            except InferenceServerException as exc:
-                raise OpenAIError(503, f"Triton: {exc.message()}", code="unavailable") from None
-            self._inputs = frozenset(tensor["name"] for tensor in metadata.get("inputs", ()))
+            error = "no replica"
+            for index in range(len(self.urls)):  # any replica that answers: they serve one model
+                try:
+                    metadata = await self.replica(index).get_model_metadata(self.model, as_json=True)
+                except InferenceServerException as exc:
+                    error = exc.message()
+                    continue
+                self._inputs = frozenset(tensor["name"] for tensor in metadata.get("inputs", ()))
+                return self._inputs
+            raise OpenAIError(503, f"Triton: {error}", code="unavailable")
         return self._inputs
 
     async def stream(
@@ -149,25 +207,44 @@ class TritonGenerator:
         state = StreamResume(request)
         resuming_since: float | None = None
         waits = pauses()
+        on = next(self._turn) % len(self.urls)  # the replica the current attempt goes to
+        untried = len(self.urls) - 1  # replicas a first contact that failed may still try
+        other_models: set[int] = set()  # replicas that refused to continue: another model
         while True:
-            attempt = self._attempt(state.request(), logprobs, request_id, extra)
+            attempt = self._attempt(state.request(), logprobs, request_id, extra, on)
             try:
                 async for piece in attempt:
                     try:
                         delivered = state.take(piece)
                     except SpecDecResumeError as exc:
                         raise OpenAIError(502, str(exc.message), code="resume_failed") from None
+                    if piece.model_fingerprint is not None:
+                        self.fingerprints[on] = piece.model_fingerprint
                     resuming_since, self._reached = None, True
                     yield delivered
                     if piece.final:
                         return
                 return
             except OpenAIError as exc:
+                if state.resumed and _other_model(exc):
+                    other_models.add(on)
+                    found = await self._ready_replica(self._resume_order(on), other_models)
+                    if found is None:
+                        message = state.refused(_as_error(exc)).message
+                        raise OpenAIError(502, message, code="resume_failed") from None
+                    on = found
+                    continue
                 if state.resumed and exc.status == 400:  # the server cannot resume it exactly
                     message = state.refused(_as_error(exc)).message
                     raise OpenAIError(502, message, code="resume_failed") from None
+                if exc.status == 503 and not state.started and untried > 0:  # overloaded: another
+                    on, untried = (on + 1) % len(self.urls), untried - 1
+                    continue
                 raise
             except _Cut as cut:
+                if not cut.started and not state.started and untried > 0:  # unreachable: another
+                    on, untried = (on + 1) % len(self.urls), untried - 1
+                    continue
                 if not self.resume or not (cut.started or state.started or self._reached):
                     raise cut.error from None
                 if resuming_since is None:
@@ -178,12 +255,32 @@ class TritonGenerator:
                     self.resumed_total += state.resumed - was
                 except SpecDecResumeError as exc:
                     raise OpenAIError(502, exc.message, code="resume_failed") from None
-                await self._wait_ready(resuming_since + self.resume_timeout_s, waits, cut.error)
+                on = await self._wait_ready(
+                    resuming_since + self.resume_timeout_s,
+                    waits,
+                    cut.error,
+                    self._resume_order(on),
+                    other_models,
+                )
             finally:
                 await attempt.aclose()  # cancels the Triton request if it is still running
 
-    async def _wait_ready(self, until: float, waits: Iterator[float], cause: OpenAIError) -> None:
-        """Until the model is ready again, probing with growing pauses; 503 once ``until`` passed."""
+    def _resume_order(self, cut_on: int) -> list[int]:
+        """After a cut on ``cut_on``: the other replicas first, then it."""
+        n = len(self.urls)
+        return [(cut_on + i) % n for i in range(1, n + 1)]
+
+    async def _ready_replica(self, order: list[int], skip: set[int]) -> int | None:
+        for index in order:
+            if index not in skip and await self.replica_ready(index, 2.0):
+                return index
+        return None
+
+    async def _wait_ready(
+        self, until: float, waits: Iterator[float], cause: OpenAIError, order: list[int], skip: set[int]
+    ) -> int:
+        """The first replica in ``order`` (not in ``skip``) whose model is ready, probing with growing
+        pauses; 503 once ``until`` passed."""
         while True:
             left = until - time.monotonic()
             if left <= 0:
@@ -194,8 +291,9 @@ class TritonGenerator:
                     code="unavailable",
                 )
             await asyncio.sleep(min(next(waits), left))
-            if await self.ready():
-                return
+            found = await self._ready_replica(order, skip)
+            if found is not None:
+                return found
 
     async def _attempt(
         self,
@@ -203,8 +301,10 @@ class TritonGenerator:
         logprobs: bool,
         request_id: str,
         extra: Sequence[tuple[str, float]],
+        replica: int = 0,
     ) -> AsyncIterator[Piece]:
-        """One Triton request's pieces; a failure that says the server cut the stream raises ``_Cut``."""
+        """One Triton request's pieces from ``replica``; a failure that says the server cut the stream
+        raises ``_Cut``."""
         inputs = infer_inputs(request) + [scalar_input(name, value) for name, value in extra]
         declared = await self.model_inputs()
         if logprobs:
@@ -227,7 +327,7 @@ class TritonGenerator:
             # half-closing before the last response would let the call end early
             await done.wait()
 
-        call = self.client.stream_infer(requests(), stream_timeout=self.timeout_s)
+        call = self.replica(replica).stream_infer(requests(), stream_timeout=self.timeout_s)
         finished = False
         token_count = 0
         started = False
@@ -261,6 +361,7 @@ class TritonGenerator:
                     prompt_tokens=_ints(outputs.get("num_input_tokens")),
                     seed=chunk.seed,
                     skipped_text_sha256=chunk.skipped_text_sha256,
+                    model_fingerprint=chunk.model_fingerprint,
                 )
                 if final:
                     return

@@ -1,6 +1,6 @@
 """specdec-soak: a bounded soak and fault run against a specdec server on this machine.
 
-Phases (``--phases``, all but ``fault`` by default), each bounded in time and count:
+Phases (``--phases``, all but ``fault`` and ``failover`` by default), each bounded in time and count:
   mixed     N concurrent streams of mixed prompts, max_tokens, greedy/sampled and k; every stream must
             end with a final response, and each greedy one must equal the same request run alone
   cancel    a storm of streams cancelled at random points; afterwards the KV blocks return to idle
@@ -14,6 +14,11 @@ Phases (``--phases``, all but ``fault`` by default), each bounded in time and co
   fault     (only when named: it kills processes) streams in flight over gRPC and HTTP while the
             Python stub, then tritonserver, is killed with -9: every stream is resumed by the client
             and must end complete with the text of the same request run alone
+  failover  (only when named: it kills a whole replica) streams that know two replicas are in
+            flight when the first replica (specdec-serve, tritonserver and its stubs) is killed with
+            -9: on a replica serving the same model each resumes and must equal the request run alone;
+            on one serving another model (another model_fingerprint) each must be refused, having
+            delivered only a prefix of its text
 
 Prints a pass/fail table (``--json``: one JSON object). Exit status: 0 every check passed, 1 a check
 failed, 2 bad arguments (a host that is not loopback without ``--allow-remote``).

@@ -8,7 +8,7 @@ import time
 
 from trispec_client import soak
 from trispec_client.client import PROTOCOLS
-from trispec_client.soak import bad_input, cancel, fault, mixed, overload
+from trispec_client.soak import bad_input, cancel, failover, fault, mixed, overload
 from trispec_client.soak.context import Settings, Soak
 from trispec_client.soak.memory import memory_checks
 from trispec_client.soak.report import Report, finish
@@ -16,8 +16,8 @@ from trispec_client.soak.target import RssSampler, Server, find_stub, is_loopbac
 
 PROG = "specdec-soak"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-PHASES = ("mixed", "cancel", "overload", "bad", "memory", "fault")
-# fault kills the stub and the server: only when named
+PHASES = ("mixed", "cancel", "overload", "bad", "memory", "fault", "failover")
+# fault kills the stub and the server, failover a whole replica: only when named
 DEFAULT_PHASES = ("mixed", "cancel", "overload", "bad", "memory")
 # the phases that run one after another (memory is sampled throughout, up to fault)
 RUNNERS = {
@@ -26,7 +26,10 @@ RUNNERS = {
     "overload": overload.run,
     "bad": bad_input.run,
     "fault": fault.run,
+    "failover": failover.run,
 }
+# the phases that kill processes: memory is measured up to the first of them
+KILLING = ("fault", "failover")
 
 # -- command line ------------------------------------------------------------------------------------
 SHORT = {
@@ -67,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--phases",
         default=",".join(DEFAULT_PHASES),
-        help=f"comma-separated subset of {','.join(PHASES)} (default: all but fault)",
+        help=f"comma-separated subset of {','.join(PHASES)} (default: all but fault and failover)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--seed", type=int, default=0)
@@ -125,6 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=120.0,
         help="per resume: wait for the model to be ready again (default: %(default)s)",
     )
+    g = p.add_argument_group(
+        "failover (kills the whole first replica: --url/--http-url; the streams resume on the second)"
+    )
+    g.add_argument("--replica-url", help="the second replica's address for --protocol (gRPC host:port)")
+    g.add_argument("--replica-http-url", help="the second replica's HTTP host:port")
+    g.add_argument("--replica-metrics-url", help="the second replica's metrics host:port (optional check)")
+    g.add_argument(
+        "--failover-kill-after-tokens",
+        type=int,
+        default=1,
+        help="kill once every stream is under way and the furthest has this many tokens (default: 1)",
+    )
     g = p.add_argument_group("bounds")
     g.add_argument("--request-timeout-s", type=float, default=300.0, help="client deadline: past it = hung")
     g.add_argument(
@@ -159,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--phases: unknown {', '.join(unknown)} (known: {', '.join(PHASES)})")
     try:
         s = settings_from(args, argv)
-        hosts = {split_host_port(u)[0] for u in (s.url, s.http_url, s.metrics_url)}
+        replica = (s.replica_url, s.replica_http_url, s.replica_metrics_url)
+        hosts = {split_host_port(u)[0] for u in (s.url, s.http_url, s.metrics_url, *replica) if u}
     except ValueError as exc:
         parser.error(str(exc))
     remote = sorted(h for h in hosts if not is_loopback(h))
@@ -187,9 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             sampler.start()
     start = time.monotonic()
     ctx = Soak(s, report, log)
+    measured = False
     for phase in RUNNERS:
-        if phase == "fault":  # memory is measured up to here: the fault phase replaces the stub
+        if phase in KILLING and not measured:  # memory is measured up to here: the stub goes
             _memory(sampler, report, s, phases, time.monotonic() - start)
+            measured = True
         if phase in phases:
             t = time.monotonic()
             log(f"{phase}: start")

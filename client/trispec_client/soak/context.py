@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trispec_client.client import SpecDecClient
-from trispec_client.soak.report import Report
+from trispec_client.soak.report import Outcome, Report
 from trispec_client.soak.target import Server
 
 
@@ -40,6 +40,12 @@ class Settings:
     fault_streams: int = 8
     fault_max_tokens: int = 64
     resume_timeout_s: float = 120.0
+    # phase failover: the second replica, and when the first is killed (every stream under way, the
+    # furthest with this many tokens)
+    replica_url: str | None = None
+    replica_http_url: str | None = None
+    replica_metrics_url: str | None = None
+    failover_kill_after_tokens: int = 1
 
 
 class Soak:
@@ -61,6 +67,8 @@ class Soak:
             resume=False,
         )
         self.idle_free = self.server.kv_state()[1]
+        # requests already run alone (the fault phase's rounds send the same ones): repr key -> outcome
+        self.alone: dict[str, Outcome] = {}
 
     def worker_client(self) -> SpecDecClient:
         # HTTP: a pool per worker keeps connections apart; gRPC opens a stream per request anyway

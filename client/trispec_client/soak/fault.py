@@ -19,7 +19,7 @@ from typing import Any
 from trispec_client.client import SpecDecClient
 from trispec_client.soak.context import Soak
 from trispec_client.soak.report import Outcome
-from trispec_client.soak.stream import NEVER_END_ID, run_stream
+from trispec_client.soak.stream import NEVER_END_ID, run_alone, run_stream
 from trispec_client.soak.target import find_server, find_stub, split_host_port
 
 TEMPERATURE = 0.8
@@ -51,7 +51,9 @@ class FaultStream:
         return f"{self.protocol} {sampling}{seed} k={p['num_draft_tokens']}"
 
 
-def fault_streams(count: int, max_tokens: int, protocols: tuple[str, ...]) -> list[FaultStream]:
+def fault_streams(
+    count: int, max_tokens: int, protocols: tuple[str, ...], prompts: tuple[str, ...] = PROMPTS
+) -> list[FaultStream]:
     """``count`` streams spread over ``protocols``, each protocol cycling through ``KINDS``, and one
     sampled stream without a seed (the server picks and reports it)."""
     streams = []
@@ -61,9 +63,9 @@ def fault_streams(count: int, max_tokens: int, protocols: tuple[str, ...]) -> li
         params: dict[str, Any] = {"max_tokens": max_tokens, "end_id": NEVER_END_ID, "num_draft_tokens": k}
         if seeded:
             params.update(temperature=TEMPERATURE, seed=1000 + i)
-        streams.append(FaultStream(protocol, PROMPTS[i % len(PROMPTS)], params))
+        streams.append(FaultStream(protocol, prompts[i % len(prompts)], params))
     unseeded = {"max_tokens": max_tokens, "end_id": NEVER_END_ID, "num_draft_tokens": 4}
-    streams.append(FaultStream(protocols[0], PROMPTS[0], {**unseeded, "temperature": TEMPERATURE}))
+    streams.append(FaultStream(protocols[0], prompts[0], {**unseeded, "temperature": TEMPERATURE}))
     return streams
 
 
@@ -141,7 +143,6 @@ def _checks(
     done_s: float,
     ready: bool,
 ) -> None:
-    s = ctx.s
     n = len(streams)
     complete = [o.kind == "completed" and o.finish_reason is not None for o in results]
     bad = [
@@ -181,12 +182,7 @@ def _checks(
         "a seed in the first response",
     )
     equal, first_diff = 0, ""
-    for stream, outcome in zip(streams, results):
-        params = dict(stream.params)
-        if "temperature" in params and "seed" not in params:
-            params["seed"] = outcome.seed
-        client = _client(s, stream.protocol, urls[stream.protocol], resume=False)
-        alone = run_stream(client, stream.prompt, s.request_timeout_s, **params)
+    for stream, outcome, alone in zip(streams, results, _alone(ctx, streams, results, urls)):
         if alone.kind == "completed" and alone.text == outcome.text:
             equal += 1
         elif not first_diff:
@@ -198,6 +194,28 @@ def _checks(
         f"{equal}/{n} equal" + (f"; first: {first_diff}" if first_diff else ""),
         "all",
     )
+
+
+def _alone(
+    ctx: Soak, streams: list[FaultStream], results: list[Outcome], urls: dict[str, str]
+) -> list[Outcome]:
+    """Each stream's request run alone (the unseeded one with the seed it was told), all at once;
+    kept for the next kill round, which sends the same requests."""
+    s = ctx.s
+    keyed = []
+    for stream, outcome in zip(streams, results):
+        params = dict(stream.params)
+        if "temperature" in params and "seed" not in params:
+            params["seed"] = outcome.seed
+        keyed.append((repr((stream.protocol, stream.prompt, sorted(params.items()))), stream, params))
+    missing = [(key, st, p) for key, st, p in keyed if key not in ctx.alone]
+    done = run_alone(
+        [(_client(s, st.protocol, urls[st.protocol], resume=False), st.prompt, p) for _, st, p in missing],
+        s.request_timeout_s,
+    )
+    fresh = {key: outcome for (key, _, _), outcome in zip(missing, done)}
+    ctx.alone.update({key: o for key, o in fresh.items() if o.kind == "completed"})
+    return [ctx.alone.get(key) or fresh[key] for key, _, _ in keyed]
 
 
 def _client(s: Any, protocol: str, url: str, *, resume: bool) -> SpecDecClient:

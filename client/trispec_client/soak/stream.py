@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,9 +40,11 @@ def run_stream(
     timeout_s: float,
     cancel_after_chunks: int | None = None,
     on_chunk: Callable[[float], None] | None = None,
+    on_outcome: Callable[[Outcome], None] | None = None,
     **params: Any,
 ) -> Outcome:
-    """One streamed request, timed; leaving early (``cancel_after_chunks``) cancels it on the server."""
+    """One streamed request, timed; leaving early (``cancel_after_chunks``) cancels it on the server.
+    ``on_chunk(time)`` and ``on_outcome(outcome so far)`` are called after each chunk."""
     out = Outcome()
     start = last = time.monotonic()
     stream = client.stream(prompt, timeout_s=timeout_s, **params)
@@ -61,6 +64,8 @@ def run_stream(
                 out.resumed = chunk.stats.resumed
             if on_chunk is not None:
                 on_chunk(now)
+            if on_outcome is not None:
+                on_outcome(out)
             if chunk.final:
                 out.finish_reason = chunk.finish_reason
                 break
@@ -80,6 +85,24 @@ def run_stream(
         stream.close()
         out.total_s = time.monotonic() - start
     return out
+
+
+def run_alone(requests: list[tuple[SpecDecClient, str, dict[str, Any]]], timeout_s: float) -> list[Outcome]:
+    """Each (client, prompt, params) request run to the end, all at once: a greedy or seeded
+    request's text does not depend on what shares the batch, so together gives each one's text alone
+    in the time of one."""
+    outcomes = [Outcome(kind="hung", message="did not end") for _ in requests]
+
+    def one(i: int) -> None:
+        client, prompt, params = requests[i]
+        outcomes[i] = run_stream(client, prompt, timeout_s, **params)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s + 5)
+    return outcomes
 
 
 def pct(values: list[float], q: float) -> float:

@@ -157,3 +157,37 @@ class RssSampler:
     def at(self, t: float) -> int | None:
         """The first sample taken at or after ``t`` seconds."""
         return next((rss for s, rss in self.samples if s >= t), None)
+
+
+def kill_replica(ports: list[int]) -> list[int]:
+    """kill -9 of the whole replica that serves on ``ports``, as when its machine is lost: the
+    ``specdec-serve`` above its tritonserver (its process group, when it has one of its own), the
+    tritonserver's process group (the server and its Python stubs) and anything left under them.
+    Never this process's own group. Returns the pids killed."""
+    import os
+    import signal
+
+    import psutil
+
+    server = find_server(ports)
+    if server is None:
+        return []
+    top = psutil.Process(server)
+    with contextlib.suppress(psutil.Error):
+        parent = top.parent()
+        if parent is not None and any("specdec-serve" in part for part in parent.cmdline()[:2]):
+            top = parent
+    processes = [top, *top.children(recursive=True)]
+    groups = set()
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(process.pid))
+    groups.discard(os.getpgrp())
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    for process in processes:  # a launcher that shares our group, a child in a group of its own
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(processes, timeout=10)
+    return [p.pid for p in processes]

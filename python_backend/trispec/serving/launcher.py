@@ -117,6 +117,7 @@ def taken_port(host: str, ports: dict[str, int]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from trispec.config import load_config
+    from trispec.serving.fingerprint import read_fingerprint
     from trispec.serving.supervisor import Supervisor, SupervisorPolicy
     from trispec.serving.tritonserver import (
         ADMIN_APIS,
@@ -193,8 +194,18 @@ def main(argv: list[str] | None = None) -> int:
     policy_words = "decoupled: streams" if serving.decoupled else "not decoupled: one response per request"
 
     def announce(server: TritonServer, restarts: int) -> None:
+        # the served model wrote it while loading (serving/fingerprint.py)
+        info = None if args.no_prepare else read_fingerprint(server.heartbeat_dir, serving.model_name)
+        fingerprint = (
+            ""
+            if info is None
+            else f"model fingerprint {info.get('model_fingerprint')} ({info.get('numerics')})"
+        )
         if restarts:
-            print(f"{PROG}: ready again after restart {restarts}", flush=True)
+            print(
+                f"{PROG}: ready again after restart {restarts}" + (f": {fingerprint}" if info else ""),
+                flush=True,
+            )
             return
         host = probe_host(args.host)
         # --no-prepare serves the repository as it is: its own model names, not the YAML's
@@ -204,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             f"metrics http://{host}:{args.metrics_port}/metrics  (repository {repository})",
             flush=True,
         )
+        if info is not None:
+            print(f"{PROG}: {fingerprint}", flush=True)
         if key is None:
             print(f"{PROG}: admin APIs ({', '.join(ADMIN_APIS)}) are open to every client", flush=True)
         else:

@@ -110,6 +110,7 @@ class Live:
             num_output_tokens=self.pending_tokens if request.return_num_output_tokens else None,
             seed=None if self.responded else self.seed,
             skipped_text_sha256=None if self.responded else skipped_digest(request, self.skipped_text),
+            model_fingerprint=None if self.responded else request.model_fingerprint,
         )
         self.pending_tokens, self.pending_log_probs, self.responded = 0, [], True
         return tensors

@@ -113,6 +113,18 @@ class TritonMetrics:
     def record_resumed(self) -> None:
         self.resumed_streams.increment(1)
 
+    def record_model(self, fingerprint: str, numerics: str) -> None:
+        """``specdec_model_info{fingerprint, numerics} 1``: which model this replica serves (two
+        replicas with different fingerprints do not resume each other's streams)."""
+        info = self._metric(
+            "specdec_model_info",
+            self._family.GAUGE,
+            "The model this replica serves: its fingerprint and numerics path (value always 1)",
+            fingerprint=fingerprint,
+            numerics=numerics,
+        )
+        info.set(1)
+
     def _accepted_position(self, position: int) -> Any:
         while len(self._accepted_at) <= position:
             self._accepted_at.append(
@@ -239,4 +251,5 @@ def exported_metric_names() -> dict[str, str]:
     kv = {"target": KVUsage(10, 1, 16), "drafter": KVUsage(10, 1, 16)}
     metrics.record(RoundReport(0.01, 1, 0, kv, totals, ["length"], ttft_s=[0.1], inter_token_s=[0.01]))
     metrics.record_rejection("queue_full")
+    metrics.record_model("0123456789abcdef", "cpu avx512")
     return made

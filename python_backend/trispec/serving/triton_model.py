@@ -119,6 +119,7 @@ class TritonPythonModel:
 
         from trispec.config import load_config
         from trispec.llm import SpeculativeLLM
+        from trispec.serving.fingerprint import model_fingerprint, uses_onednn, write_fingerprint
         from trispec.serving.metrics import TritonMetrics
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -127,6 +128,9 @@ class TritonPythonModel:
         config = load_config(config_path_from(model_config))
         self.decoupled = is_decoupled(model_config)
         self.llm = SpeculativeLLM.from_config(config)
+        # after loading: the tokenizer files exist, and the built layers say whether the ISA matters
+        fingerprint = model_fingerprint(config, uses_onednn(self.llm.engine.runner))
+        self.fingerprint = fingerprint.value
         self.defaults = config.defaults
         self.max_prompt_bytes = config.serving.max_prompt_bytes
         self.resume_refusal = exact_resume_refusal(config)
@@ -134,13 +138,18 @@ class TritonPythonModel:
         # specdec-serve's supervisor watches this file (see tritonserver.HEARTBEAT_DIR_ENV)
         beats = os.environ.get(HEARTBEAT_DIR_ENV)
         heartbeat = Heartbeat(Path(beats) / args["model_instance_name"]) if beats else None
+        if beats:  # specdec-serve's ready line says it
+            write_fingerprint(Path(beats), args["model_name"], fingerprint.to_json())
         metrics = TritonMetrics(pb_utils, args["model_name"])
+        metrics.record_model(fingerprint.value, fingerprint.parts["numerics"])
         self.loop = ServingLoop(self.llm.engine, metrics, limits, heartbeat)
         self.loop.start()
         logger.info(
-            "%s ready (decoupled: %s): drafter %s, scheduler %s",
+            "%s ready (decoupled: %s): model fingerprint %s (%s), drafter %s, scheduler %s",
             args["model_name"],
             self.decoupled,
+            fingerprint.value,
+            fingerprint.parts["numerics"],
             config.drafter.kind,
             config.scheduler,
         )
@@ -156,7 +165,9 @@ class TritonPythonModel:
 
             try:
                 check_parameters(request.parameters())
-                rows = parse_batch(get, self.defaults, self.max_prompt_bytes, self.resume_refusal)
+                rows = parse_batch(
+                    get, self.defaults, self.max_prompt_bytes, self.resume_refusal, self.fingerprint
+                )
                 if not self.decoupled:
                     check_one_response(rows)
                 self.loop.submit(rows, sink)

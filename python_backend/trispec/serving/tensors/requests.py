@@ -43,6 +43,8 @@ class ParsedRequest:
     return_num_output_tokens: bool = False
     # the request carried skip_output_tokens: a stream resumed after the server cut it (metrics)
     resumed: bool = False
+    # this replica's model fingerprint, sent with each sequence's first response
+    model_fingerprint: str | None = None
 
     def sequences(self) -> list[GenerationRequest]:
         """The ``num_return_sequences`` independent requests of this prompt. A seeded request's i-th
@@ -153,11 +155,13 @@ def parse_inputs(
     defaults: GenerationDefaults,
     max_prompt_bytes: int | None = None,
     resume_refusal: str | None = None,
+    model_fingerprint: str | None = None,
 ) -> ParsedRequest:
     """Turn one prompt's tensors into a ``GenerationRequest``; unset fields take the YAML defaults.
     A ``text_input`` over ``max_prompt_bytes`` is refused before anything decodes or tokenises it.
     ``resume_refusal``: why this model cannot resume a stream exactly (``skip_output_tokens`` > 0 is
-    then refused with it), None where it can."""
+    then refused with it), None where it can. ``model_fingerprint``: this replica's; a request that
+    expects another (``expected_model_fingerprint``) is refused."""
     prompt_value = _one(get, "text_input")
     if prompt_value is None:
         raise InvalidInputError("text_input", "is required")
@@ -170,6 +174,7 @@ def parse_inputs(
                 reason="too_long",
             )
     _check_refused(get)
+    _check_fingerprint(get, model_fingerprint)
     prompt = _text("text_input", prompt_value)
     if not prompt:
         raise InvalidInputError("text_input", "must not be empty")
@@ -220,7 +225,24 @@ def parse_inputs(
         return_perf_metrics=_bool(get, "return_perf_metrics"),
         return_num_input_tokens=_bool(get, "return_num_input_tokens"),
         return_num_output_tokens=_bool(get, "return_num_output_tokens"),
+        model_fingerprint=model_fingerprint,
     )
+
+
+def _check_fingerprint(get: GetInput, model_fingerprint: str | None) -> None:
+    """A resumed stream expects the model it began on: on a replica serving another (a rolling
+    upgrade, another config), going on would splice two models' text."""
+    value = _one(get, "expected_model_fingerprint")
+    if value is None:
+        return
+    expected = _text("expected_model_fingerprint", value)
+    if expected and expected != model_fingerprint:
+        raise InvalidInputError(
+            "expected_model_fingerprint",
+            f"this replica serves model fingerprint {model_fingerprint or 'unknown'}, not {expected} "
+            "(the one the stream began on): a stream resumed here would splice two models' text",
+            reason="other_model",
+        )
 
 
 def _seeded(generation: GenerationRequest) -> GenerationRequest:
@@ -262,6 +284,7 @@ def parse_batch(
     defaults: GenerationDefaults,
     max_prompt_bytes: int | None = None,
     resume_refusal: str | None = None,
+    model_fingerprint: str | None = None,
 ) -> list[ParsedRequest]:
     """A request's rows (Triton's batch dimension: NVIDIA's client sends several prompts as one
     request with ``--batch-inputs``), each parsed on its own; the list index is the ``batch_index``."""
@@ -278,7 +301,10 @@ def parse_batch(
 
         return get_row
 
-    return [parse_inputs(row_of(row), defaults, max_prompt_bytes, resume_refusal) for row in range(rows)]
+    return [
+        parse_inputs(row_of(row), defaults, max_prompt_bytes, resume_refusal, model_fingerprint)
+        for row in range(rows)
+    ]
 
 
 _ONE_RESPONSE = "needs serving.decoupled: true (this model sends exactly one response per request)"

@@ -47,6 +47,7 @@ def response_tensors(
     num_output_tokens: int | None = None,
     seed: int | None = None,
     skipped_text_sha256: str | None = None,
+    model_fingerprint: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Output tensors of one response. ``finish_reason`` and ``stats`` on the final one; ``stats`` so
     far with ``perf``; ``log_probs`` (this response's tokens) when the request asked for them."""
@@ -65,6 +66,8 @@ def response_tensors(
         tensors["sampling_seed"] = _cell(seed, np.uint64)
     if skipped_text_sha256 is not None:
         tensors["skipped_text_sha256"] = _cell(skipped_text_sha256.encode("ascii"), object)
+    if model_fingerprint is not None:
+        tensors["model_fingerprint"] = _cell(model_fingerprint.encode("ascii"), object)
     if num_input_tokens is not None:
         tensors["num_input_tokens"] = _cell(num_input_tokens, np.int32)
     if num_output_tokens is not None:

@@ -87,6 +87,8 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("guided_decoding_guide", "TYPE_STRING", status="refused", why=_GUIDED),
     # ours: a resumed stream (the client has these first tokens' text): generated again, not sent
     TensorSpec("skip_output_tokens", "TYPE_INT32", status="extension"),
+    # ours: a resumed stream goes on only on a replica serving the model it began on
+    TensorSpec("expected_model_fingerprint", "TYPE_STRING", status="extension"),
 )
 
 OUTPUTS: tuple[TensorSpec, ...] = (
@@ -131,6 +133,8 @@ OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("sampling_seed", "TYPE_UINT64", status="extension"),
     # ours, with skip_output_tokens: on the first response, the SHA-256 (hex) of the skipped tokens' text
     TensorSpec("skipped_text_sha256", "TYPE_STRING", status="extension"),
+    # ours, on each sequence's first response: what produces the text (serving/fingerprint.py)
+    TensorSpec("model_fingerprint", "TYPE_STRING", status="extension"),
 )
 
 REFUSED_INPUTS: tuple[TensorSpec, ...] = tuple(spec for spec in INPUTS if spec.status == "refused")

@@ -1,0 +1,89 @@
+"""The servers one client sends to: several replicas of the same model behind their own addresses
+(or one address, such as a Kubernetes Service, in front of them all).
+
+New requests take the replicas in turn; a request that cannot reach one (connection refused, a
+restarting or overloaded server) tries the next before pausing; a stream cut on one is resumed on
+whichever is ready, the others first (``client.py`` and ``resume.py`` decide when).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Generator, Sequence
+from typing import Any
+
+from trispec_client.request import GenerationRequest
+from trispec_client.results import StreamChunk
+
+
+def split_urls(url: str | Sequence[str] | None, default: str) -> list[str]:
+    """Addresses from one string (comma-separated allowed) or a list of them; ``default`` if none."""
+    given = [url] if url is None or isinstance(url, str) else list(url)
+    urls = [part.strip() for item in given if item for part in item.split(",") if part.strip()]
+    return urls or [default]
+
+
+class Replicas:
+    """The client's servers, each with what a request to it needs (an HTTP pool; a gRPC address)."""
+
+    def __init__(self, urls: Sequence[str], protocol: str, model: str) -> None:
+        if not urls:
+            raise ValueError("url: at least one server address is needed")
+        self.protocol = protocol
+        self.model = model
+        self.urls: list[str] = []
+        self._pools: list[tuple[Any, str]] = []
+        for url in urls:
+            if protocol == "http":
+                from trispec_client.http_transport import make_pool
+
+                self._pools.append(make_pool(url))
+                self.urls.append(url)
+            else:
+                address = url.removeprefix("grpc://")
+                if "://" in address or "/" in address:
+                    raise ValueError(f"url: gRPC expects host:port, got {url!r}")
+                self.urls.append(address)
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def next_start(self) -> int:
+        """Where a new request starts: the replicas in turn, so that requests spread over them."""
+        with self._lock:
+            return next(self._turn) % len(self.urls)
+
+    def resume_order(self, cut_on: int) -> list[int]:
+        """Where to look for a ready replica after a cut on ``cut_on``: the others first, then it."""
+        n = len(self.urls)
+        return [(cut_on + i) % n for i in range(1, n + 1)]
+
+    def attempt(
+        self, index: int, request: GenerationRequest, timeout_s: float
+    ) -> Generator[StreamChunk, None, None]:
+        if self.protocol == "http":
+            from trispec_client.http_transport import stream_http
+
+            pool, prefix = self._pools[index]
+            return stream_http(pool, prefix, self.model, request, timeout_s)
+        # imported here: tritonclient.grpc takes a while to import and HTTP users never need it
+        from trispec_client.grpc_transport import stream_grpc
+
+        return stream_grpc(self.urls[index], self.model, request, timeout_s)
+
+    def model_ready(self, index: int, timeout_s: float) -> bool:
+        if self.protocol == "http":
+            from trispec_client.http_transport import model_ready
+
+            pool, prefix = self._pools[index]
+            return model_ready(pool, prefix, self.model, timeout_s)
+        from trispec_client.grpc_transport import model_ready as grpc_model_ready
+
+        return grpc_model_ready(self.urls[index], self.model, timeout_s)
+
+    def close(self) -> None:
+        for pool, _ in self._pools:
+            pool.close()
