@@ -375,7 +375,8 @@ def test_a_lost_replica_s_streams_resume_on_another_and_never_on_another_model(
     in flight (7 through trispec_client: 3 gRPC, 3 HTTP, greedy and seeded T = 0.8, k = 0 and 4, and
     one sampled without a seed; 2 through specdec-openai, streamed and not): every one is resumed on
     the second and ends with the text of the same request alone. Then the same against a replica
-    started on another config: every resume is refused (SpecDecResumeError, or the endpoint's 502 resume_failed), only a prefix delivered."""
+    started on another config: every resume is refused (SpecDecResumeError, or the endpoint's 502
+    resume_failed), only a prefix delivered."""
     openai_client = openai.OpenAI(base_url=f"{frontend}/v1", api_key="unused", timeout=120, max_retries=0)
     alone = _together(lambda i: _openai(openai_client, *OPENAI_REQUESTS[i + 1]), 2)
     first, other = replicas["first"], replicas["other"]
