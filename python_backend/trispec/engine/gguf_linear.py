@@ -36,6 +36,8 @@ _Q8_ISA = q8_level(_gguf_kernel)
 GGUF_FORMATS: dict[int, tuple[int, int]] = _gguf_kernel.formats() if _gguf_kernel is not None else {}
 # the integer path's types (ggml ids) and the widths they need (K-quants whole 256-blocks, others 64)
 Q8_TYPES: dict[int, int] = {2: 64, 6: 64, 8: 64, 12: 256, 13: 256, 14: 256}
+# Q4_K and Q6_K run repacked 16 columns at a time (csrc/gguf_q8_x16.h): ggml id -> the plan's type
+REPACKED = {12: 1012, 14: 1014}
 
 
 def gguf_supported(blocks: QuantBlocks | None) -> bool:
@@ -85,19 +87,31 @@ class GGUFLinear:
         self.out_features = sum(p.rows for p in self.parts)
         self.bias = None if bias is None else bias.float().contiguous()
         self.integer = integer_path(self.parts)
+        # what the kernel reads: the file's blocks, or their repacked form (which replaces them)
+        self._weights: list[tuple[int, torch.Tensor, int, int]] = []  # (plan type, data, rows, bytes/row)
+        if self.integer:
+            self._weights = [_integer_weights(p) for p in self.parts]
+            # the repacked parts' blocks are dropped: only their shapes stay
+            self.parts = [
+                p
+                if p.ggml_type not in REPACKED
+                else QuantBlocks(p.ggml_type, p.data.new_empty(p.rows, 0), p.columns)
+                for p in self.parts
+            ]
         self._plan = self._make_plan() if self.integer else b""
 
     def _make_plan(self) -> bytes:
         """(type, weights, rows, row bytes, bias) per part, as the kernel reads them: built once."""
         plan, first = [], 0
-        for p in self.parts:
+        for kind, data, rows, row_bytes in self._weights:
             bias = 0 if self.bias is None else self.bias.data_ptr() + 4 * first
-            plan.append(struct.pack("5q", p.ggml_type, p.data.data_ptr(), p.rows, p.data.shape[1], bias))
-            first += p.rows
+            plan.append(struct.pack("5q", kind, data.data_ptr(), rows, row_bytes, bias))
+            first += rows
         return b"".join(plan)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (*(p.data for p in self.parts), self.bias) if t is not None]
+        held = [w[1] for w in self._weights] if self.integer else [p.data for p in self.parts]
+        return [t for t in (*held, self.bias) if t is not None]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.fused(x)
@@ -161,6 +175,18 @@ class GGUFLinear:
             )
             first += p.rows
         return out
+
+
+def _integer_weights(part: QuantBlocks) -> tuple[int, torch.Tensor, int, int]:
+    """A part as the integer path reads it: Q4_K / Q6_K repacked into 16-column groups (the file's
+    blocks are then dropped), the other types as they are."""
+    kind = REPACKED.get(part.ggml_type)
+    if kind is None:
+        return part.ggml_type, part.data, part.rows, part.data.shape[1]
+    packed = torch.empty(_gguf_kernel.packed_bytes(kind, part.rows, part.columns), dtype=torch.uint8)
+    _gguf_kernel.repack(kind, part.data.data_ptr(), part.rows, part.columns, packed.data_ptr())
+    groups = (part.rows + 15) // 16
+    return kind, packed, part.rows, packed.numel() // groups
 
 
 def gguf_rows(blocks: QuantBlocks, ids: torch.Tensor) -> torch.Tensor:

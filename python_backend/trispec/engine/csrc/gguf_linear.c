@@ -366,6 +366,10 @@ static PyMethodDef methods[] = {
      "qlinear(x, M, K, plan, out, ldo, threads, isa, norm, eps, accumulate): out[:, :N] (+)= "
      "rmsnorm?(x) @ W.T + bias with x quantised to int8 blocks; plan: int64 (type, w, rows, row_bytes, "
      "bias) per part; isa 512 (AVX-512 VNNI), 256 (AVX-VNNI) or 2 (AVX2), lowered to what the CPU runs."},
+    {"repack", repack, METH_VARARGS,
+     "repack(type, src, rows, K, dst): Q4_K (type 1012) or Q6_K (1014) rows into the integer path's 16-column "
+     "groups (gguf_q8_x16.h); dst holds packed_bytes(type, rows, K)."},
+    {"packed_bytes", packed_bytes, METH_VARARGS, "packed_bytes(type, rows, K): bytes of repack's output."},
     {"q8_level", q8_level, METH_VARARGS, "q8_level(wanted): the integer path's ISA level for `wanted` (0: none)."},
     {"isa_level", isa_level, METH_VARARGS, "isa_level(wanted): the ISA level linear() runs for `wanted`."},
     {NULL, NULL, 0, NULL},

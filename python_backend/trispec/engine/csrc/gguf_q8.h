@@ -60,9 +60,12 @@ typedef struct {
     QPart parts[Q8_MAX_PARTS];
 } QArgs;
 
+#include "gguf_q8_x16.h"
+
 /* whether the integer path takes this type at this width */
 static int q8_takes(int type, int64_t K) {
     switch (type) {
+        case T_Q4_K_X16: case T_Q6_K_X16: return K % Q8_BLOCK == 0;
         case T_Q4_0: case T_Q5_0: case T_Q8_0: return K % Q8_CHUNK == 0;
         case T_Q4_K: case T_Q5_K: case T_Q6_K: return K % Q8_BLOCK == 0;
         default: return 0;
@@ -164,7 +167,8 @@ static PyObject* qlinear(PyObject* self, PyObject* args) {
     for (Py_ssize_t i = 0; !bad && i < nparts; i++) {
         const int64_t* s = spec + 5 * i;
         const Format* f = format_of((int)s[0]);
-        bad = f == NULL || !q8_takes((int)s[0], K) || s[2] < 1 || s[3] != K / f->elements * f->bytes;
+        const int64_t row_bytes = f != NULL ? K / f->elements * f->bytes : x16_group_bytes((int)s[0], K);
+        bad = !q8_takes((int)s[0], K) || s[2] < 1 || s[3] != row_bytes;
         a.parts[i] = (QPart){(int)s[0], (const uint8_t*)(uintptr_t)s[1], (const float*)(uintptr_t)s[4], s[2], s[3], N};
         N += s[2];
     }

@@ -6,6 +6,7 @@
 #define Q8(name) q8_##name##_avx512
 #define Q8_IN Q8_TARGET static inline __attribute__((always_inline))
 #define Q8_RT 8
+#define Q8_512 1
 
 #include "gguf_q8_prep.h"
 
@@ -191,7 +192,10 @@ Q8_COL(col_q4_0, Q8_CALL_Q40)
 Q8_COL(col_q5_0, Q8_CALL_Q50)
 Q8_COL(col_q8_0, Q8_CALL_Q80)
 
+#define Q8_XR 6 /* rows per tile of the 16-column kernels */
+#include "gguf_q8_x16_isa.h"
 #include "gguf_q8_cols.h"
+#undef Q8_XR
 
 #undef Q8_ROWS
 #undef Q8_COL
@@ -205,3 +209,4 @@ Q8_COL(col_q8_0, Q8_CALL_Q80)
 #undef Q8
 #undef Q8_IN
 #undef Q8_RT
+#undef Q8_512

@@ -14,6 +14,26 @@ Q8_TARGET static void Q8(column)(int type, const uint8_t* w, const Q8Block* x, i
     }
 }
 
+/* a repacked part: groups of 16 columns; a group that straddles two threads' ranges is computed by
+ * both, each storing its own columns */
+Q8_TARGET static void Q8(groups)(const QArgs* a, const QPart* p, int64_t lo, int64_t hi, int64_t m0, int64_t m1) {
+    float res[16 * Q8_XR];
+    for (int64_t g = (lo - p->first) / X16; g * X16 < hi - p->first; g++) {
+        const uint8_t* w = p->w + g * p->row_bytes;
+        const int64_t c0 = p->first + g * X16;
+        for (int64_t m = m0; m < m1; m += Q8_XR) {
+            const int R = m1 - m < Q8_XR ? (int)(m1 - m) : Q8_XR;
+            Q8(group)(p->type, w, a->xq + m * a->nblk, a->nblk, a->K, R, res);
+            for (int c = 0; c < X16; c++)
+                if (c0 + c >= lo && c0 + c < hi)
+                    for (int r = 0; r < R; r++) {
+                        float one = res[16 * r + c];
+                        q8_store(a, p, c0 + c, m + r, 1, &one);
+                    }
+        }
+    }
+}
+
 Q8_TARGET static void Q8(columns)(const QArgs* a, int64_t begin, int64_t end) {
     const int64_t pass = q8_rows_per_pass(a->nblk);
     float res[Q8_RT];
@@ -23,6 +43,10 @@ Q8_TARGET static void Q8(columns)(const QArgs* a, int64_t begin, int64_t end) {
             const QPart* p = &a->parts[i];
             const int64_t lo = begin > p->first ? begin : p->first;
             const int64_t hi = end < p->first + p->rows ? end : p->first + p->rows;
+            if (lo < hi && (p->type == T_Q4_K_X16 || p->type == T_Q6_K_X16)) {
+                Q8(groups)(a, p, lo, hi, m0, m1);
+                continue;
+            }
             for (int64_t n = lo; n < hi; n++) {
                 const uint8_t* w = p->w + (n - p->first) * p->row_bytes;
                 for (int64_t m = m0; m < m1; m += Q8_RT) {
