@@ -1,4 +1,5 @@
-"""The GGUF kernel's integer path (``csrc/gguf_q8.h``): int8 activation blocks times the file's codes.
+"""The GGUF kernel's integer path (``csrc/gguf_q8.h``): int8 activation blocks times the file's codes,
+and Q4_K / Q6_K repacked into 16-column groups (``csrc/gguf_q8_x16.h``, what the engine runs).
 
 Exact where it promises to be: against a float64 reference that quantises x the way the kernel says
 it does (``quantised``), the error is float32 rounding only; every ISA copy (AVX-512 VNNI, AVX-VNNI,
@@ -61,6 +62,29 @@ def qlinear(
     return target
 
 
+def repacked(raw: np.ndarray, qtype: T) -> tuple[np.ndarray, int, int]:
+    """(packed bytes, plan type, bytes per 16-column group) of Q4_K / Q6_K rows."""
+    kind, rows, columns = (
+        1000 + int(qtype),
+        raw.shape[0],
+        raw.shape[1] // (144 if qtype == T.Q4_K else 210) * 256,
+    )
+    packed = np.zeros(kernel.packed_bytes(kind, rows, columns), dtype=np.uint8)
+    kernel.repack(kind, raw.ctypes.data, rows, columns, packed.ctypes.data)
+    return packed, kind, packed.size // ((rows + 15) // 16)
+
+
+def run_packed(
+    x: torch.Tensor, raw: np.ndarray, qtype: T, isa: int, threads: int = 2, bias=None
+) -> torch.Tensor:
+    packed, kind, group_bytes = repacked(raw, qtype)
+    rows, n = x.shape[0], raw.shape[0]
+    out = torch.empty(rows, n)
+    plan = struct.pack("5q", kind, packed.ctypes.data, n, group_bytes, 0 if bias is None else bias.data_ptr())
+    kernel.qlinear(x.data_ptr(), rows, x.shape[1], plan, out.data_ptr(), n, threads, isa, 0, 0.0, 0)
+    return out
+
+
 def quantised(x: np.ndarray) -> np.ndarray:
     """x as the kernel's int8 blocks stand for it: per 256 values d = amax / 127, q = round(x / d)."""
     out = np.zeros(x.shape)
@@ -109,6 +133,28 @@ def test_every_row_is_the_same_bits_whatever_the_rows_threads_and_isa(qtype: T) 
         for threads in (1, 2)
         if not torch.equal(
             qlinear(x[:rows].contiguous(), [(raw, qtype, bias)], isa, threads=threads), reference[:rows]
+        )
+    ]
+    assert not differing
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_repacked_groups_exact_same_bits_on_every_isa_and_row_count(qtype: T) -> None:
+    """37 columns: two whole groups of 16 and a padded one; rows past a tile (6 on AVX-512, 2 on AVX2)."""
+    raw = blocks(qtype, 37, 512, 11)
+    w = np.asarray(dequantize(raw, qtype), dtype=np.float64).reshape(37, 512)
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(12))
+    bias = torch.randn(37)
+    reference = run_packed(x, raw, qtype, 2, threads=1, bias=bias)
+    expected = quantised(x.numpy()) @ w.T + bias.numpy()
+    assert np.abs(reference.double().numpy() - expected).max() <= 1e-5 * np.abs(expected).max()
+    differing = [
+        (rows, isa, threads)
+        for rows in (1, 2, 3, 5, 6, 7, 9)
+        for isa in ISAS
+        for threads in (1, 2)
+        if not torch.equal(
+            run_packed(x[:rows].contiguous(), raw, qtype, isa, threads, bias), reference[:rows]
         )
     ]
     assert not differing
