@@ -172,6 +172,7 @@ Q8_IN void Q8(legacy)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t 
     for (int r = 0; r < R; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
     for (int64_t c = 0; c < K / Q8_CHUNK; c++) {
         const uint8_t* b0 = w + 2 * c * bytes;
+        _mm_prefetch((const char*)(b0 + X16_PREFETCH), _MM_HINT_T0); /* a chunk is under a line: one a chunk */
         const __m256i w0 = Q8(legacy_codes)(b0, type), w1 = Q8(legacy_codes)(b0 + bytes, type);
         const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
         const float d0 = Q8(f16)(b0), d1 = Q8(f16)(b0 + bytes);

@@ -148,6 +148,7 @@ Q8_IN void Q8(legacy)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t 
     for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < K / Q8_CHUNK; c++) {
         const uint8_t* b0 = w + 2 * c * bytes;
+        _mm_prefetch((const char*)(b0 + X16_PREFETCH), _MM_HINT_T0); /* a chunk is under a line: one a chunk */
         const __m512i v = Q8(legacy_codes)(b0, bytes, type);
         const __m512i a = _mm512_abs_epi8(v);
         const __mmask64 neg = _mm512_movepi8_mask(v);

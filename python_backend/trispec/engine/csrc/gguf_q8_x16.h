@@ -23,6 +23,9 @@
 #define X16 16 /* columns per group */
 #define X16_Q4K_BYTES 2368
 #define X16_Q6K_BYTES 3360
+#ifndef X16_PREFETCH
+#define X16_PREFETCH 4096 /* bytes ahead in the weights' stream (their groups lie one after another) */
+#endif
 
 static int64_t x16_group_bytes(int type, int64_t K) {
     const int64_t blocks = K / 256;

@@ -116,6 +116,7 @@ Q8_IN void Q8(x16_q4k)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t
     for (int r = 0; r < R; r++) f[r] = g[r] = Q8(f_zero)();
     for (int64_t sb = 0; sb < K / Q8_BLOCK; sb++) {
         const uint8_t* b = w + sb * X16_Q4K_BYTES;
+        for (int line = 0; line < 320; line += 64) _mm_prefetch((const char*)(b + line + X16_PREFETCH), _MM_HINT_T0);
         Q8(vi) isum[Q8_XR], imin[Q8_XR];
         for (int r = 0; r < R; r++) isum[r] = imin[r] = Q8(v_zero)();
         for (int p = 0; p < 4; p++) {
@@ -126,6 +127,7 @@ Q8_IN void Q8(x16_q4k)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t
             Q8(vi) acc[Q8_XR];
             for (int r = 0; r < R; r++) acc[r] = Q8(v_zero)();
             for (int p = 0; p < 4; p++) {
+                _mm_prefetch((const char*)(b + 320 + 256 * j + 64 * p + X16_PREFETCH), _MM_HINT_T0);
                 const Q8(vi) q = Q8(v_ld)(b + 320 + 256 * j + 64 * p);
                 const Q8(vi) lo = Q8(v_and8)(q, 0x0f), hi = Q8(v_and8)(Q8(v_srli16)(q, 4), 0x0f);
                 for (int r = 0; r < R; r++) {
@@ -157,6 +159,7 @@ Q8_IN void Q8(x16_q6k)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t
     for (int r = 0; r < R; r++) f[r] = Q8(f_zero)();
     for (int64_t sb = 0; sb < K / Q8_BLOCK; sb++) {
         const uint8_t* b = w + sb * X16_Q6K_BYTES;
+        for (int line = 0; line < 288; line += 64) _mm_prefetch((const char*)(b + line + X16_PREFETCH), _MM_HINT_T0);
         Q8(vi) isum[Q8_XR], ioff[Q8_XR];
         for (int r = 0; r < R; r++) isum[r] = ioff[r] = Q8(v_zero)();
         for (int p = 0; p < 8; p++) {
@@ -166,6 +169,7 @@ Q8_IN void Q8(x16_q6k)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t
                 const int j = 2 * p + t;
                 const Q8(vi) sc = t ? Q8(v_hi16)(sp) : Q8(v_lo16)(sp);
                 const uint8_t* q = b + 288 + 192 * j;
+                for (int line = 0; line < 192; line += 64) _mm_prefetch((const char*)(q + line + X16_PREFETCH), _MM_HINT_T0);
                 const Q8(vi) l0 = Q8(v_ld)(q), l1 = Q8(v_ld)(q + 64), h = Q8(v_ld)(q + 128);
                 const Q8(vi) v0 = Q8(v_or)(Q8(v_and8)(l0, 0x0f), Q8(v_and8)(Q8(v_slli16)(h, 4), 0x30));
                 const Q8(vi) v1 = Q8(v_or)(Q8(v_and8)(Q8(v_srli16)(l0, 4), 0x0f), Q8(v_and8)(Q8(v_slli16)(h, 2), 0x30));
