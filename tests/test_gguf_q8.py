@@ -62,13 +62,9 @@ def qlinear(
     return target
 
 
-def repacked(raw: np.ndarray, qtype: T) -> tuple[np.ndarray, int, int]:
-    """(packed bytes, plan type, bytes per 16-column group) of Q4_K / Q6_K rows."""
-    kind, rows, columns = (
-        1000 + int(qtype),
-        raw.shape[0],
-        raw.shape[1] // (144 if qtype == T.Q4_K else 210) * 256,
-    )
+def repacked(raw: np.ndarray, qtype: T, columns: int) -> tuple[np.ndarray, int, int]:
+    """(packed bytes, plan type, bytes per 16-column group) of the rows ``raw``."""
+    kind, rows = 1000 + int(qtype), raw.shape[0]
     packed = np.zeros(kernel.packed_bytes(kind, rows, columns), dtype=np.uint8)
     kernel.repack(kind, raw.ctypes.data, rows, columns, packed.ctypes.data)
     return packed, kind, packed.size // ((rows + 15) // 16)
@@ -77,7 +73,7 @@ def repacked(raw: np.ndarray, qtype: T) -> tuple[np.ndarray, int, int]:
 def run_packed(
     x: torch.Tensor, raw: np.ndarray, qtype: T, isa: int, threads: int = 2, bias=None
 ) -> torch.Tensor:
-    packed, kind, group_bytes = repacked(raw, qtype)
+    packed, kind, group_bytes = repacked(raw, qtype, x.shape[1])
     rows, n = x.shape[0], raw.shape[0]
     out = torch.empty(rows, n)
     plan = struct.pack("5q", kind, packed.ctypes.data, n, group_bytes, 0 if bias is None else bias.data_ptr())
@@ -138,12 +134,14 @@ def test_every_row_is_the_same_bits_whatever_the_rows_threads_and_isa(qtype: T) 
     assert not differing
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda t: t.name)
 def test_repacked_groups_exact_same_bits_on_every_isa_and_row_count(qtype: T) -> None:
-    """37 columns: two whole groups of 16 and a padded one; rows past a tile (6 on AVX-512, 2 on AVX2)."""
-    raw = blocks(qtype, 37, 512, 11)
-    w = np.asarray(dequantize(raw, qtype), dtype=np.float64).reshape(37, 512)
-    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(12))
+    """37 outputs: two whole groups of 16 and a padded one; rows past a tile (6 on AVX-512, 2 on AVX2);
+    legacy types a partial last activation block."""
+    columns = columns_of(qtype)
+    raw = blocks(qtype, 37, columns, 11)
+    w = np.asarray(dequantize(raw, qtype), dtype=np.float64).reshape(37, columns)
+    x = torch.randn(9, columns, generator=torch.Generator().manual_seed(12))
     bias = torch.randn(37)
     reference = run_packed(x, raw, qtype, 2, threads=1, bias=bias)
     expected = quantised(x.numpy()) @ w.T + bias.numpy()

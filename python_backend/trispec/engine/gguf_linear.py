@@ -36,8 +36,9 @@ _Q8_ISA = q8_level(_gguf_kernel)
 GGUF_FORMATS: dict[int, tuple[int, int]] = _gguf_kernel.formats() if _gguf_kernel is not None else {}
 # the integer path's types (ggml ids) and the widths they need (K-quants whole 256-blocks, others 64)
 Q8_TYPES: dict[int, int] = {2: 64, 6: 64, 8: 64, 12: 256, 13: 256, 14: 256}
-# Q4_K and Q6_K run repacked 16 columns at a time (csrc/gguf_q8_x16.h): ggml id -> the plan's type
-REPACKED = {12: 1012, 14: 1014}
+# the integer path's types run repacked 16 columns at a time (csrc/gguf_q8_x16.h), Q5_K excepted:
+# ggml id -> the plan's type
+REPACKED = {2: 1002, 6: 1006, 8: 1008, 12: 1012, 14: 1014}
 
 
 def gguf_supported(blocks: QuantBlocks | None) -> bool:
@@ -178,8 +179,8 @@ class GGUFLinear:
 
 
 def _integer_weights(part: QuantBlocks) -> tuple[int, torch.Tensor, int, int]:
-    """A part as the integer path reads it: Q4_K / Q6_K repacked into 16-column groups (the file's
-    blocks are then dropped), the other types as they are."""
+    """A part as the integer path reads it: repacked into 16-column groups (the file's blocks are then
+    dropped), Q5_K as it is."""
     kind = REPACKED.get(part.ggml_type)
     if kind is None:
         return part.ggml_type, part.data, part.rows, part.data.shape[1]

@@ -66,6 +66,7 @@ typedef struct {
 static int q8_takes(int type, int64_t K) {
     switch (type) {
         case T_Q4_K_X16: case T_Q6_K_X16: return K % Q8_BLOCK == 0;
+        case T_Q4_0_X16: case T_Q5_0_X16: case T_Q8_0_X16: return K % Q8_CHUNK == 0;
         case T_Q4_0: case T_Q5_0: case T_Q8_0: return K % Q8_CHUNK == 0;
         case T_Q4_K: case T_Q5_K: case T_Q6_K: return K % Q8_BLOCK == 0;
         default: return 0;

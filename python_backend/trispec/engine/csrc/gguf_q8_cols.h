@@ -43,7 +43,7 @@ Q8_TARGET static void Q8(columns)(const QArgs* a, int64_t begin, int64_t end) {
             const QPart* p = &a->parts[i];
             const int64_t lo = begin > p->first ? begin : p->first;
             const int64_t hi = end < p->first + p->rows ? end : p->first + p->rows;
-            if (lo < hi && (p->type == T_Q4_K_X16 || p->type == T_Q6_K_X16)) {
+            if (lo < hi && x16_group_bytes(p->type, Q8_BLOCK) > 0) {
                 Q8(groups)(a, p, lo, hi, m0, m1);
                 continue;
             }

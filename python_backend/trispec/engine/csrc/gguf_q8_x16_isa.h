@@ -29,6 +29,10 @@ Q8_IN Q8(vi) Q8(v_dpw)(Q8(vi) acc, Q8(vi) w, const int16_t* p2) {
     memcpy(&x, p2, 4);
     return _mm512_dpwssd_epi32(acc, w, _mm512_set1_epi32(x));
 }
+/* Q8_0's codes stored as u = w + 128: acc + sum u x (the caller takes 128 sum x off per block) */
+#define Q8_U8_OFFSET 1
+Q8_IN Q8(vi) Q8(v_dpb8)(Q8(vi) acc, Q8(vi) u, const int8_t* x4) { return Q8(v_dpb)(acc, u, x4); }
+Q8_IN Q8(vi) Q8(v_minus)(Q8(vi) a, int32_t k) { return _mm512_sub_epi32(a, _mm512_set1_epi32(k)); }
 Q8_IN Q8(vi) Q8(v_u8to32)(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
 Q8_IN Q8(vi) Q8(v_u8to16)(const uint8_t* p) { return _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p)); }
 Q8_IN Q8(vi) Q8(v_s8to16)(const uint8_t* p) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)p)); }
@@ -69,6 +73,26 @@ Q8_IN Q8(vi) Q8(v_dpb)(Q8(vi) acc, Q8(vi) w, const int8_t* x4) {
     memcpy(&x, x4, 4);
     const __m256i xv = _mm256_set1_epi32(x);
     return Q8_BOTH(Q8(dot4)(acc.a, w.a, xv), Q8(dot4)(acc.b, w.b, xv));
+}
+/* Q8_0's codes stored as u = w + 128. AVX-VNNI: acc + sum u x (the caller takes 128 sum x off per
+ * block); AVX2: vpmaddubsw would saturate on u, so acc + sum w x directly (sign trick), nothing to take
+ * off: the same integers either way */
+#define Q8_U8_OFFSET Q8_VNNI
+Q8_IN Q8(vi) Q8(v_dpb8)(Q8(vi) acc, Q8(vi) u, const int8_t* x4) {
+#if Q8_VNNI
+    return Q8(v_dpb)(acc, u, x4);
+#else
+    int32_t x;
+    memcpy(&x, x4, 4);
+    const __m256i xv = _mm256_set1_epi32(x), flip = _mm256_set1_epi8((char)0x80);
+    const __m256i wa = _mm256_xor_si256(u.a, flip), wb = _mm256_xor_si256(u.b, flip);
+    return Q8_BOTH(Q8(dot4)(acc.a, _mm256_abs_epi8(wa), _mm256_sign_epi8(xv, wa)),
+                   Q8(dot4)(acc.b, _mm256_abs_epi8(wb), _mm256_sign_epi8(xv, wb)));
+#endif
+}
+Q8_IN Q8(vi) Q8(v_minus)(Q8(vi) v, int32_t k) {
+    const __m256i kv = _mm256_set1_epi32(k);
+    return Q8_BOTH(_mm256_sub_epi32(v.a, kv), _mm256_sub_epi32(v.b, kv));
 }
 Q8_IN Q8(vi) Q8(v_dpw)(Q8(vi) acc, Q8(vi) w, const int16_t* p2) {
     int32_t x;
@@ -192,6 +216,53 @@ Q8_IN void Q8(x16_q6k)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t
     for (int r = 0; r < R; r++) Q8(f_store)(res + 16 * r, f[r]);
 }
 
+/* Q4_0 / Q5_0 / Q8_0 (plan types 1002, 1006, 1008), 16 columns x R rows, blocks of 32 */
+Q8_IN void Q8(x16_legacy)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t K, float* res, const int type,
+                          const int R) {
+    const int64_t bytes = x16_group_bytes(type, 32);
+    Q8(vf) f[Q8_XR];
+    for (int r = 0; r < R; r++) f[r] = Q8(f_zero)();
+    for (int64_t blk = 0; blk < K / 32; blk++) {
+        const uint8_t* b = w + blk * bytes;
+        _mm_prefetch((const char*)(b + X16_PREFETCH), _MM_HINT_T0);
+        Q8(vi) acc[Q8_XR];
+        for (int r = 0; r < R; r++) acc[r] = Q8(v_zero)();
+        const int64_t g = blk / 8, j = blk % 8;
+        for (int p = 0; p < 4; p++) {
+            _mm_prefetch((const char*)(b + 64 + 64 * p + X16_PREFETCH), _MM_HINT_T0);
+            if (type == T_Q8_0_X16) {
+                const Q8(vi) u0 = Q8(v_ld)(b + 32 + 128 * p), u1 = Q8(v_ld)(b + 96 + 128 * p);
+                for (int r = 0; r < R; r++) {
+                    const int8_t* xq = x[r * nblk + g].q + 32 * j + 8 * p;
+                    acc[r] = Q8(v_dpb8)(Q8(v_dpb8)(acc[r], u0, xq), u1, xq + 4);
+                }
+                continue;
+            }
+            const Q8(vi) q = Q8(v_ld)(b + 32 + 64 * p);
+            Q8(vi) lo = Q8(v_and8)(q, 0x0f), hi = Q8(v_and8)(Q8(v_srli16)(q, 4), 0x0f);
+            if (type == T_Q5_0_X16) { /* bit t of byte 4 c + i: the fifth bit of quad t */
+                const Q8(vi) h = Q8(v_ld)(b + 288);
+                lo = Q8(v_or)(lo, Q8(v_and8)(2 * p < 4 ? Q8(v_slli16)(h, 4 - 2 * p) : Q8(v_srli16)(h, 2 * p - 4), 0x10));
+                hi = Q8(v_or)(hi, Q8(v_and8)(2 * p + 1 < 4 ? Q8(v_slli16)(h, 3 - 2 * p) : Q8(v_srli16)(h, 2 * p - 3), 0x10));
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t* xq = x[r * nblk + g].q + 32 * j + 8 * p;
+                acc[r] = Q8(v_dpb)(Q8(v_dpb)(acc[r], lo, xq), hi, xq + 4);
+            }
+        }
+        /* the codes' offset: q - 8 (Q4_0), q - 16 (Q5_0), u - 128 (Q8_0, where the dot product used u) */
+        const int32_t offset = type == T_Q4_0_X16 ? 8 : type == T_Q5_0_X16 ? 16 : Q8_U8_OFFSET ? 128 : 0;
+        const Q8(vf) d = Q8(f_half)(b);
+        for (int r = 0; r < R; r++) {
+            const Q8Block* xb = &x[r * nblk + g];
+            const Q8(vi) total = offset ? Q8(v_minus)(acc[r], offset * xb->bsum32[j]) : acc[r];
+            f[r] = Q8(f_fold)(f[r], Q8(f_scale)(d, xb->d), total);
+        }
+    }
+    for (int r = 0; r < R; r++) Q8(f_store)(res + 16 * r, f[r]);
+}
+#undef Q8_U8_OFFSET
+
 #define Q8_XROWS(call)              \
     switch (R) {                    \
         case 1: call(1); break;     \
@@ -203,14 +274,22 @@ Q8_IN void Q8(x16_q6k)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t
     }
 #define Q8_CALL_X4(n) Q8(x16_q4k)(w, x, nblk, K, res, (n) < Q8_XR ? (n) : Q8_XR)
 #define Q8_CALL_X6(n) Q8(x16_q6k)(w, x, nblk, K, res, (n) < Q8_XR ? (n) : Q8_XR)
+#define Q8_CALL_X40(n) Q8(x16_legacy)(w, x, nblk, K, res, T_Q4_0_X16, (n) < Q8_XR ? (n) : Q8_XR)
+#define Q8_CALL_X50(n) Q8(x16_legacy)(w, x, nblk, K, res, T_Q5_0_X16, (n) < Q8_XR ? (n) : Q8_XR)
+#define Q8_CALL_X80(n) Q8(x16_legacy)(w, x, nblk, K, res, T_Q8_0_X16, (n) < Q8_XR ? (n) : Q8_XR)
 /* one group of 16 columns for R <= Q8_XR rows */
 Q8_TARGET static void Q8(group)(int type, const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t K, int R, float* res) {
-    if (type == T_Q4_K_X16) {
-        Q8_XROWS(Q8_CALL_X4)
-    } else {
-        Q8_XROWS(Q8_CALL_X6)
+    switch (type) {
+        case T_Q4_K_X16: Q8_XROWS(Q8_CALL_X4) break;
+        case T_Q6_K_X16: Q8_XROWS(Q8_CALL_X6) break;
+        case T_Q4_0_X16: Q8_XROWS(Q8_CALL_X40) break;
+        case T_Q5_0_X16: Q8_XROWS(Q8_CALL_X50) break;
+        default: Q8_XROWS(Q8_CALL_X80) break;
     }
 }
 #undef Q8_XROWS
 #undef Q8_CALL_X4
 #undef Q8_CALL_X6
+#undef Q8_CALL_X40
+#undef Q8_CALL_X50
+#undef Q8_CALL_X80
