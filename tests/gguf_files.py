@@ -134,12 +134,32 @@ def mixed_legacy(name: str) -> GGMLQuantizationType | None:
     return next((t for suffix, t in MIXED_LEGACY.items() if name.endswith(suffix)), None)
 
 
+# the K-quants as llama.cpp's Q4_K_M mixes them (widths must be whole 256-blocks): every layer on the
+# GGUF kernel's integer path
+MIXED_K = {
+    "self_attn.q_proj.weight": T.Q4_K,
+    "self_attn.k_proj.weight": T.Q4_K,
+    "self_attn.v_proj.weight": T.Q6_K,
+    "self_attn.o_proj.weight": T.Q5_K,
+    "mlp.gate_proj.weight": T.Q4_K,
+    "mlp.up_proj.weight": T.Q4_K,
+    "mlp.down_proj.weight": T.Q6_K,
+    "embed_tokens.weight": T.Q4_K,
+    "lm_head.weight": T.Q6_K,
+}
+
+
+def mixed_k(name: str) -> GGMLQuantizationType | None:
+    return next((t for suffix, t in MIXED_K.items() if name.endswith(suffix)), None)
+
+
 @functools.cache
 def random_gguf(args: ModelArgs, seed: int, mix: str = "legacy") -> Path:
     """A GGUF file of the random model ``(args, seed)``, written once per process: ``legacy`` stores
-    its matrices in the legacy types of MIXED_LEGACY (any width that is a multiple of 32)."""
+    its matrices in the legacy types of MIXED_LEGACY (any width that is a multiple of 32), ``k`` in
+    MIXED_K's K-quants (random blocks: widths of whole 256-blocks)."""
     folder = Path(tempfile.mkdtemp(prefix="specdec-test-gguf-"))
     path = folder / f"{args.arch}-{seed}-{mix}.gguf"
-    types = {"legacy": mixed_legacy, "f32": lambda name: None}[mix]
+    types = {"legacy": mixed_legacy, "k": mixed_k, "f32": lambda name: None}[mix]
     write_gguf(path, args, random_state_dict(args, seed), types=types)
     return path

@@ -1,11 +1,11 @@
 """Batch invariance: a token's logits are bit-identical whatever shares its forward pass.
 
 Alone or with up to 31 other sequences of any length, verified together with any number of drafts,
-its prompt prefilled in any chunks: the same bits, for float32, bfloat16, int8 and GGUF-block
-weights, on the
-tiny test shape and on a SmolLM2-wide shape whose long reductions (K = 1536) are where oneDNN's
-one-row path splits work across threads. On top of that, through the llm: greedy speculation
-equals target-only decoding and a seeded sampled request gives the same tokens alone and batched.
+its prompt prefilled in any chunks: the same bits, for float32, bfloat16, int8 and GGUF-block weights
+(legacy types, and K-quants on the integer path), on the tiny test shape and on a SmolLM2-wide shape
+whose long reductions (K = 1536) are where oneDNN's one-row path splits work across threads. On top of
+that, through the llm: greedy speculation equals target-only decoding and a seeded sampled request gives
+the same tokens alone and batched.
 
 ``test_isa_forced.py`` runs this file again with torch's, oneDNN's and our kernel's AVX2 code
 forced, so a pass on an AVX-512 machine also covers AVX2 machines.
@@ -31,7 +31,7 @@ from tiny import (
 )
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.ngram import NgramDrafter
-from trispec.engine import attention
+from trispec.engine import attention, gguf_linear
 from trispec.engine.base import ForwardInput
 from trispec.engine.torch_engine import TorchEngine
 from trispec.request import GenerationRequest
@@ -40,18 +40,24 @@ from trispec.request import GenerationRequest
 WIDE = tiny_args(
     hidden_size=576, intermediate_size=1536, num_heads=9, num_kv_heads=3, head_dim=64, vocab_size=2048
 )
+# widths of whole 256-blocks for K-quants (Q4_K_M's mix: every layer on the GGUF integer path)
+K_WIDE = tiny_args(
+    hidden_size=256, intermediate_size=768, num_heads=4, num_kv_heads=2, head_dim=64, vocab_size=512
+)
+SHAPES = {"tiny": tiny_args(), "wide": WIDE, "k": K_WIDE}
 VARIANTS = {
     "float32": {},
     "bfloat16": {"dtype": "bfloat16"},
     "int8": {"weight_quant": "int8"},
     "gguf": {"weight_quant": "gguf"},  # the model written as a GGUF file in legacy types, its blocks
+    "gguf-k": {"weight_quant": "gguf"},  # in K-quants (random blocks)
 }
 
 
 def engine(shape: str, variant: str) -> TorchEngine:
-    args = WIDE if shape == "wide" else tiny_args()
-    if variant == "gguf":
-        path = random_gguf(args, 0)
+    args = SHAPES[shape]
+    if variant.startswith("gguf"):
+        path = random_gguf(args, 0, mix="k" if variant == "gguf-k" else "legacy")
         return TorchEngine.from_checkpoint(path, num_blocks=1200, block_size=8, **VARIANTS[variant])
     return TorchEngine.from_random(args, 0, num_blocks=1200, block_size=8, **VARIANTS[variant])
 
@@ -65,6 +71,7 @@ def test_forced_isa_took_effect() -> None:
     target = tiny_engine(0)
     assert isinstance(target.model.attention, attention.PagedAttention)
     assert target.model.attention.isa == 2
+    assert gguf_linear._Q8_ISA in (0, 2, 256)  # the GGUF integer path's 256-bit copies
 
 
 def test_cpu_engine_uses_the_invariant_kernel() -> None:
@@ -99,7 +106,7 @@ class Probe:
     def __init__(self, shape: str, variant: str, seed: int = 0) -> None:
         self.shape, self.variant = shape, variant
         rng = random.Random(seed)
-        vocab = (WIDE if shape == "wide" else tiny_args()).vocab_size
+        vocab = SHAPES[shape].vocab_size
         self.vocab = vocab
         self.prompt = [rng.randrange(vocab) for _ in range(37)]
         self.others = [[rng.randrange(vocab) for _ in range(rng.randrange(2, 120))] for _ in range(31)]
@@ -131,7 +138,7 @@ class Probe:
         return e.forward(inputs)[0][0]
 
 
-CASES = [("tiny", v) for v in VARIANTS] + [("wide", v) for v in VARIANTS]
+CASES = [(shape, v) for shape in ("tiny", "wide") for v in VARIANTS if v != "gguf-k"] + [("k", "gguf-k")]
 
 
 @pytest.mark.parametrize(("shape", "variant"), CASES)

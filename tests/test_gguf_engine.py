@@ -1,5 +1,6 @@
-"""``weights: gguf`` through the engine: a GGUF file's own blocks are the same model as its dense
-float32 load (same values; only the summation order of the matmuls differs), a fraction of the memory,
+"""``weights: gguf`` through the engine: a GGUF file's own blocks hold its dense float32 load's values;
+layers on the integer path (int8 activations, ``test_gguf_q8.py``) track the float32 model within the
+stated tolerance, the others compute its values in another summation order; a fraction of the memory,
 and exact speculative decoding still holds on it.
 
 Files are tiny random models written with gguf-py (``gguf_files``), every linear layer in one of the
@@ -61,8 +62,11 @@ def test_logits_track_the_dense_load_of_the_same_file(arch: str) -> None:
         engine.add_sequence(0, 64)
         out.append(torch.cat([engine.forward([ForwardInput(0, ids[:20], 20)])[0],
                               engine.forward([ForwardInput(0, ids[20:], 10)])[0]]))  # fmt: skip
-    assert torch.allclose(out[0], out[1], rtol=1e-4, atol=1e-4 * float(out[0].abs().max()))
-    assert torch.equal(out[0].argmax(-1), out[1].argmax(-1))
+    # int8 activations (docs/determinism.md): within 5 % of the largest logit, 3 % on average
+    difference = (out[0] - out[1]).abs()
+    assert float(difference.max()) <= 0.05 * float(out[0].abs().max())
+    assert float(difference.mean()) <= 0.03 * float(out[0].abs().mean())
+    assert float((out[0].argmax(-1) == out[1].argmax(-1)).float().mean()) >= 0.9
 
 
 def greedy(engine: TorchEngine, prompt: list[int], n: int) -> list[int]:
@@ -96,6 +100,26 @@ def test_greedy_speculation_on_a_gguf_target_equals_its_own_plain_decoding(k: in
         ]
         outputs = run_to_completion(llm)
         assert [tokens_of(outputs[i]) for i in ids] == expected, name
+
+
+def test_greedy_speculation_on_an_integer_path_target_equals_its_own_plain_decoding() -> None:
+    """K-quants everywhere (Q4_K_M's mix): every layer on the integer path, drafted by its own float32
+    load; k = 4."""
+    args = tiny_args(hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2, head_dim=64)
+    path = random_gguf(args, 0, mix="k")
+    target = gguf_engine(path)
+    assert all(isinstance(m, GGUFLinear) and m.integer for m in target.model.linears())
+    prompts = [[(5 * i + 7 * j) % 256 for j in range(4 + 2 * i)] for i in range(8)]
+    expected = [greedy(target, p, 16) for p in prompts]
+    assert len({tuple(e) for e in expected}) > 4
+    drafter = ModelDrafter(TorchEngine.from_checkpoint(path, num_blocks=256, block_size=8))
+    llm = spec_engine(gguf_engine(path), drafter)
+    ids = [
+        llm.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=16, num_draft_tokens=4))
+        for p in prompts
+    ]
+    outputs = run_to_completion(llm)
+    assert [tokens_of(outputs[i]) for i in ids] == expected
 
 
 def test_a_type_the_kernel_does_not_decode_falls_back_to_dense(tmp_path) -> None:

@@ -3,7 +3,9 @@
 JSON lines carry ``"row"``: ``run`` (one arm at one workload and concurrency: ``workload``,
 ``concurrency``, ``arm``, ``tok_s``, ``speedup_vs_plain``, ``acceptance``, ``identical_to_plain`` and
 more; Hugging Face reference arms too), ``draft_cost`` (a draft model's 1-token step over the
-target's) and ``load_memory`` (peak RSS while loading the pair against its weights).
+target's), ``load_memory`` (peak RSS while loading the pair against its weights), ``llamacpp``
+(llama-bench's prompt and decode tok/s on a GGUF file of the pair) and ``vs_llamacpp`` (each arm at one
+request over llama.cpp's plain decoding of the target, end to end and decode only).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rich.table import Table
 
 from trispec.bench.arms import PLAIN
 from trispec.bench.hf_reference import HFResult
+from trispec.bench.llamacpp import PROMPT_TOKENS, Anchor
 from trispec.bench.load_memory import LoadMemory
 from trispec.config import SpecDecConfig
 
@@ -144,6 +147,49 @@ class Reporter:
             out.append(r)
             self.run_row(r)
         return out
+
+    def llamacpp(self, role: str, anchor: Anchor) -> None:
+        row = anchor.row(role)
+        if self.json_lines:
+            self._emit(row)
+            return
+        self.out.print(
+            f"llama.cpp {anchor.build} ({role}, {anchor.model.name}): pp{row['pp_tokens']} "
+            f"{anchor.prompt_tok_s:.1f} tok/s, tg{anchor.n_gen} {anchor.decode_tok_s:.1f} tok/s"
+        )
+
+    def against_llamacpp(self, rows: list[dict[str, Any]], anchor: Anchor) -> None:
+        """Each arm at one request against llama.cpp's plain decoding of the target: end to end, and
+        decode only (first-token time out), and our time to a first token against its prompt speed."""
+        out = []
+        for r in rows:
+            if r["concurrency"] != 1 or r.get("decode_tok_s") is None:
+                continue
+            ttft = (r.get("ttft_s") or {}).get("p50")
+            out.append({
+                "row": "vs_llamacpp", "workload": r["workload"], "arm": r["arm"],
+                "tok_s_vs_tg": round(r["tok_s"] / anchor.decode_tok_s, 3),
+                "decode_tok_s_vs_tg": round(r["decode_tok_s"] / anchor.decode_tok_s, 3),
+                "ttft_p50_s": ttft,
+            })  # fmt: skip
+        if self.json_lines:
+            for o in out:
+                self._emit(o)
+            return
+        table = Table(
+            title=f"against llama.cpp tg{anchor.n_gen} {anchor.decode_tok_s:.1f} tok/s", title_justify="left"
+        )
+        for column in ("workload", "arm", "end to end", "decode only", "TTFT p50 ms"):
+            table.add_column(column, justify="left" if column in ("workload", "arm") else "right")
+        for o in out:
+            ttft = "" if o["ttft_p50_s"] is None else f"{o['ttft_p50_s'] * 1000:.0f}"
+            table.add_row(
+                o["workload"], o["arm"], f"{o['tok_s_vs_tg']:.2f}x", f"{o['decode_tok_s_vs_tg']:.2f}x", ttft
+            )
+        self.out.print(table)
+        pp_ms = 1000 * PROMPT_TOKENS / anchor.prompt_tok_s
+        pp = f"llama.cpp's pp{PROMPT_TOKENS}: {anchor.prompt_tok_s:.1f} tok/s"
+        self.out.print(f"{pp} ({pp_ms:.0f} ms to a first token)")
 
     def summary(self, rows: list[dict[str, Any]]) -> None:
         if self.json_lines:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,8 @@ def row(workload: str, concurrency: int, arm: Arm, result: LoopResult, plain: di
         "draft_time_share": round(stats.draft_time_s / result.elapsed_s, 4),
         "ttft_s": {p: _round(v) for p, v in percentiles(result.ttft_s).items()},
         "itl_s": {p: _round(v) for p, v in percentiles(result.itl_s).items()},
+        # tokens after the first over the time after it (every request makes the same number of tokens)
+        "decode_tok_s": round(1 / statistics.fmean(result.itl_s), 3) if result.itl_s else None,
         "identical_to_plain": identical,
         "token_ids": result.token_ids,  # dropped from the printed rows
     }

@@ -13,7 +13,8 @@ Per arm and concurrency: generated tokens/s and the speed-up over plain, TTFT an
 percentiles, acceptance overall and per draft position, the mean k chosen. Also, on request: the peak
 RSS of loading the pair against its weights (``--load-memory``, a child process under
 ``/usr/bin/time -v``), and Hugging Face assisted generation on the same pair and prompts
-(``--hf-reference``). Not a test: these machines are noisy; ratios measured in one run are what count.
+(``--hf-reference``), and llama.cpp's llama-bench on the same GGUF files (``--anchor-llamacpp``).
+Not a test: these machines are noisy; ratios measured in one run are what count.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from trispec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from trispec.bench.hf_reference import HFResult
+    from trispec.bench.llamacpp import Anchor
     from trispec.bench.report import Reporter
 
 # the parts of specdec-bench, importable from here as before the split
@@ -100,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--load-memory", action="store_true", help="measure peak RSS while loading the pair")
     p.add_argument("--hf-reference", action="store_true", help="HF assisted generation, same pair/prompts")
+    p.add_argument(
+        "--anchor-llamacpp",
+        type=Path,
+        metavar="PATH",
+        help="a llama-bench binary (scripts/llamacpp_anchor.sh builds one): llama.cpp on the same GGUF files",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write speedup.png and acceptance.png there")
     return p
@@ -143,6 +151,23 @@ def _pair(args: argparse.Namespace) -> tuple[SpecDecConfig, list[str]]:
     except ConfigError as exc:
         raise SystemExit(f"config error: {exc}") from None
     return config, drafters
+
+
+def _llamacpp_anchors(args: argparse.Namespace, config: SpecDecConfig) -> dict[str, Anchor]:
+    """llama-bench on the target's and a model drafter's GGUF files, before anything of ours loads."""
+    from trispec.bench.llamacpp import run_llama_bench
+
+    files = {"target": config.target.checkpoint.resolve("target.checkpoint")}
+    if config.drafter.model is not None:
+        files["draft"] = config.drafter.model.checkpoint.resolve("drafter.model.checkpoint")
+    anchors = {}
+    for role, path in files.items():
+        if path.suffix != ".gguf":
+            raise SystemExit(f"--anchor-llamacpp: the {role} is not a GGUF file ({path})")
+        anchors[role] = run_llama_bench(
+            args.anchor_llamacpp, path, threads=args.threads, n_gen=args.max_tokens
+        )
+    return anchors
 
 
 def _sweep(
@@ -196,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     reporter = Reporter(json_lines=args.json)
     reporter.header(config, args, drafters)
 
+    anchors = _llamacpp_anchors(args, config) if args.anchor_llamacpp else {}
+    for role, anchor in anchors.items():
+        reporter.llamacpp(role, anchor)
+
     if args.load_memory:  # children first: nothing of ours is loaded yet
         from trispec.bench.load_memory import measure
 
@@ -235,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(r)
             reporter.run_row(r)
     reporter.summary(rows)
+    if "target" in anchors:
+        reporter.against_llamacpp(rows, anchors["target"])
     if args.plot is not None:
         from trispec.bench.plots import write_plots
 

@@ -15,3 +15,14 @@ def isa_level(kernel: Any) -> int:
     capability = torch.backends.cpu.get_cpu_capability()
     wanted = 512 if capability.startswith("AVX512") else 2 if capability == "AVX2" else 0
     return kernel.isa_level(wanted) if kernel is not None else 0
+
+
+def q8_level(kernel: Any) -> int:
+    """The GGUF kernel's integer path for torch's ISA: 512 (AVX-512 VNNI), 256 (AVX-VNNI) or 2 (AVX2),
+    lowered to what the CPU runs; 0 (no integer path: the float one) without AVX2 or the kernel.
+    A forced AVX2 run (``ATEN_CPU_CAPABILITY=avx2``) gets the best 256-bit copy."""
+    if kernel is None or not hasattr(kernel, "q8_level"):
+        return 0
+    capability = torch.backends.cpu.get_cpu_capability()
+    wanted = 512 if capability.startswith("AVX512") else 256 if capability == "AVX2" else 0
+    return kernel.q8_level(wanted)

@@ -10,9 +10,7 @@ order (batch-invariant, and the same numbers on AVX2 and AVX-512). Without the e
 compiler at install) torch's ``_weight_int8pack_mm`` stands in: fast only with bfloat16
 activations, which is why int8 engines run in bfloat16 by default, and not batch-invariant.
 
-GGUF blocks (``weights: gguf``): a GGUF file's quantised rows kept as they are and decoded inside the
-matmul (``csrc/gguf_linear.c``) into exactly the float32 values the dense path would load: the same
-model, reading 4-7x fewer bytes per step than its float32 copy.
+GGUF blocks (``weights: gguf``): ``gguf_linear.py`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -24,22 +22,13 @@ import torch
 import torch.nn.functional as F
 
 from trispec.engine.cpu_isa import isa_level
-from trispec.engine.weights import QuantBlocks
-from trispec.errors import ConfigError
 
 try:
     from trispec.engine import _int8_linear as _int8_kernel
 except ImportError:  # built by `pip install`; absent if no C compiler was found then
     _int8_kernel = None
-try:
-    from trispec.engine import _gguf_linear as _gguf_kernel
-except ImportError:
-    _gguf_kernel = None
 
 _INT8_ISA = isa_level(_int8_kernel)
-_GGUF_ISA = isa_level(_gguf_kernel)
-# ggml type -> (values, bytes) per block, for the types the GGUF kernel decodes
-GGUF_FORMATS: dict[int, tuple[int, int]] = _gguf_kernel.formats() if _gguf_kernel is not None else {}
 logger = logging.getLogger(__name__)
 
 
@@ -256,93 +245,26 @@ class RowSplitLinear:
         return torch.cat([p(x) for p in self.parts], dim=-1)
 
 
-# GGUF blocks
+# GGUF blocks: their own module; imported here too, where they always lived
+from trispec.engine.gguf_linear import (  # noqa: E402
+    GGUF_FORMATS,
+    GGUFLinear,
+    _gguf_kernel,
+    gguf_rows,
+    gguf_supported,
+    require_gguf_kernel,
+)
 
-
-def gguf_supported(blocks: QuantBlocks | None) -> bool:
-    """Whether the GGUF kernel computes with these blocks (a type it decodes, whole blocks per row)."""
-    if blocks is None or blocks.ggml_type not in GGUF_FORMATS:
-        return False
-    values, nbytes = GGUF_FORMATS[blocks.ggml_type]
-    return (
-        blocks.columns % values == 0
-        and blocks.columns % 16 == 0
-        and blocks.data.shape[1] == blocks.columns // values * nbytes
-    )
-
-
-def require_gguf_kernel() -> Any:
-    if _gguf_kernel is None:
-        raise ConfigError(
-            "weights", "gguf weights need the GGUF kernel, which was not built (no C compiler at install?)"
-        )
-    return _gguf_kernel
-
-
-class GGUFLinear:
-    """``y = x W^T (+ b)`` with ``W`` the rows of one or more GGUF tensors, side by side (q, k and v of
-    a layer fused, each keeping its own type); float32 activations and output. Consecutive parts of
-    one type are joined into one tensor (one kernel call)."""
-
-    def __init__(self, parts: list[QuantBlocks], bias: torch.Tensor | None = None) -> None:
-        require_gguf_kernel()
-        columns = {p.columns for p in parts}
-        if len(columns) != 1 or not all(gguf_supported(p) for p in parts):
-            raise ValueError("GGUFLinear: parts must share their columns and be of a type the kernel decodes")
-        self.in_features = columns.pop()
-        joined: list[QuantBlocks] = []
-        for p in parts:
-            if joined and joined[-1].ggml_type == p.ggml_type:
-                last = joined.pop()
-                p = QuantBlocks(p.ggml_type, torch.cat((last.data, p.data)), p.columns)
-            joined.append(p)
-        self.parts = [QuantBlocks(p.ggml_type, p.data.contiguous(), p.columns) for p in joined]
-        self.out_features = sum(p.rows for p in self.parts)
-        self.bias = None if bias is None else bias.float().contiguous()
-
-    def tensors(self) -> list[torch.Tensor]:
-        return _present(*(p.data for p in self.parts), self.bias)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"GGUFLinear computes float32 on the CPU, got {x.dtype} on {x.device}")
-        x = x.contiguous()
-        rows = x.shape[0]
-        out = torch.empty(rows, self.out_features)
-        threads, first = torch.get_num_threads(), 0
-        for p in self.parts:
-            bias = 0 if self.bias is None else self.bias.data_ptr() + 4 * first
-            _gguf_kernel.linear(
-                x.data_ptr(),
-                p.data.data_ptr(),
-                p.ggml_type,
-                bias,
-                out.data_ptr() + 4 * first,
-                rows,
-                self.in_features,
-                p.rows,
-                p.data.shape[1],
-                self.out_features,
-                threads,
-                _GGUF_ISA,
-            )
-            first += p.rows
-        return out
-
-
-def gguf_rows(blocks: QuantBlocks, ids: torch.Tensor) -> torch.Tensor:
-    """Rows ``ids`` of a GGUF tensor as float32 (an embedding lookup): the values gguf-py gives."""
-    kernel = require_gguf_kernel()
-    ids = ids.to(torch.int64).contiguous()
-    out = torch.empty(ids.numel(), blocks.columns)
-    kernel.dequantize(
-        blocks.data.data_ptr(),
-        blocks.ggml_type,
-        ids.data_ptr(),
-        ids.numel(),
-        blocks.columns,
-        out.data_ptr(),
-        blocks.data.shape[1],
-        _GGUF_ISA,
-    )
-    return out
+__all__ = [
+    "GGUF_FORMATS",
+    "DenseLinear",
+    "GGUFLinear",
+    "Int8Linear",
+    "Linear",
+    "RowSplitLinear",
+    "_gguf_kernel",
+    "gguf_rows",
+    "gguf_supported",
+    "quantize_per_channel",
+    "require_gguf_kernel",
+]

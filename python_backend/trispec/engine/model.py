@@ -24,7 +24,7 @@ from trispec.engine.args import ModelArgs
 from trispec.engine.attention import make_attention
 from trispec.engine.batch import Batch, SeqSpec, pack
 from trispec.engine.kv_cache import KVCache
-from trispec.engine.linear import Linear, gguf_rows
+from trispec.engine.linear import GGUFLinear, Linear, gguf_rows
 from trispec.engine.weights import QuantBlocks
 
 # attention of one layer: (q, k, v, k_cache, v_cache) -> [T, H * D], after k/v were written
@@ -48,6 +48,20 @@ class LayerWeights:
 def _normed(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     h = rms_norm(x, eps)
     return h if weight is None else h * weight
+
+
+def _linear_normed(linear: Linear, x: torch.Tensor, norm: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``linear(rms_norm(x) * norm)``: in the layer's own call where it takes the norm (GGUF blocks)."""
+    if norm is not None and isinstance(linear, GGUFLinear):
+        return linear.fused(x, norm=norm, eps=eps)
+    return linear(_normed(x, norm, eps))
+
+
+def _add_linear(x: torch.Tensor, linear: Linear, h: torch.Tensor) -> torch.Tensor:
+    """``x + linear(h)``; GGUF layers add into ``x`` in place (the caller's own tensor)."""
+    if isinstance(linear, GGUFLinear):
+        return linear.fused(h, residual=x)
+    return x + linear(h)
 
 
 def rope_tables(args: ModelArgs, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,8 +163,7 @@ class Transformer:
             return attention(attn, q, k, v, kc, vc)
 
         x = self.run_layers(self.embed_tokens(batch.tokens), batch.cos, batch.sin, batch.slots, kv, attend)
-        x = rms_norm(x[batch.logit_rows], self.args.rms_norm_eps) * self.norm
-        return self.lm_head(x).float()
+        return _linear_normed(self.lm_head, x[batch.logit_rows], self.norm, self.args.rms_norm_eps).float()
 
     def run_layers(
         self,
@@ -168,7 +181,7 @@ class Transformer:
         eps, inter = a.rms_norm_eps, a.intermediate_size
         T = x.shape[0]
         for layer, kc, vc in zip(self.layers, kv.k_layers, kv.v_layers, strict=True):
-            qkv = layer.qkv(_normed(x, layer.attn_norm, eps))
+            qkv = _linear_normed(layer.qkv, x, layer.attn_norm, eps)
             # Rotate q and k together (one set of rope ops for both).
             qk = apply_rope(qkv[:, : (H + KV) * D].view(T, H + KV, D), cos, sin)
             q, k = qk[:, :H], qk[:, H:]
@@ -176,9 +189,9 @@ class Transformer:
             # Cache layout [KV, slots, D]: a sequence's keys per head are contiguous in a block.
             kc.index_copy_(1, slots, k.transpose(0, 1))
             vc.index_copy_(1, slots, v.transpose(0, 1))
-            x = x + layer.o(attend(q, k, v, kc, vc))
-            gu = layer.gate_up(_normed(x, layer.mlp_norm, eps))
-            x = x + layer.down(F.silu(gu[:, :inter]) * gu[:, inter:])
+            x = _add_linear(x, layer.o, attend(q, k, v, kc, vc))
+            gu = _linear_normed(layer.gate_up, x, layer.mlp_norm, eps)
+            x = _add_linear(x, layer.down, F.silu(gu[:, :inter]) * gu[:, inter:])
         return x
 
 

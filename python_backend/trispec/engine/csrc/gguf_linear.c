@@ -203,6 +203,9 @@ static inline __attribute__((always_inline)) float f16_baseline(const uint8_t* p
 #define VFMA fma_v4
 #include "gguf_linear_tiles.h"
 
+/* the integer path (int8 activations, integer dot products) */
+#include "gguf_q8.h"
+
 static int run(const Args* given, int num_threads, int isa) {
     const Args* a = given;
     const int avx2 = isa >= 2;
@@ -359,6 +362,15 @@ static PyMethodDef methods[] = {
      "dequantize(w, type, ids, rows, K, out, row_bytes, isa): out[i] = row ids[i] of w (ids 0: row i) as "
      "float32, the values gguf-py's dequantize gives."},
     {"formats", formats, METH_NOARGS, "formats(): {ggml type: (elements per block, bytes per block)}."},
+    {"qlinear", qlinear, METH_VARARGS,
+     "qlinear(x, M, K, plan, out, ldo, threads, isa, norm, eps, accumulate): out[:, :N] (+)= "
+     "rmsnorm?(x) @ W.T + bias with x quantised to int8 blocks; plan: int64 (type, w, rows, row_bytes, "
+     "bias) per part; isa 512 (AVX-512 VNNI), 256 (AVX-VNNI) or 2 (AVX2), lowered to what the CPU runs."},
+    {"repack", repack, METH_VARARGS,
+     "repack(type, src, rows, K, dst): Q4_K (type 1012) or Q6_K (1014) rows into the integer path's 16-column "
+     "groups (gguf_q8_x16.h); dst holds packed_bytes(type, rows, K)."},
+    {"packed_bytes", packed_bytes, METH_VARARGS, "packed_bytes(type, rows, K): bytes of repack's output."},
+    {"q8_level", q8_level, METH_VARARGS, "q8_level(wanted): the integer path's ISA level for `wanted` (0: none)."},
     {"isa_level", isa_level, METH_VARARGS, "isa_level(wanted): the ISA level linear() runs for `wanted`."},
     {NULL, NULL, 0, NULL},
 };
