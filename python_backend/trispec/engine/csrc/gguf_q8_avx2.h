@@ -196,23 +196,6 @@ Q8_IN void Q8(legacy)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t 
         case 3: call(3); break;             \
         default: call(4); break;            \
     }
-#define Q8_COL(name, call)                                                                                    \
-    Q8_TARGET static void Q8(name)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t K, int R,     \
-                                   float* res) {                                                          \
-        Q8_ROWS(call)                                                                                     \
-    }
-#define Q8_CALL_Q4K(n) Q8(k45)(w, x, nblk, K, res, 0, n)
-#define Q8_CALL_Q5K(n) Q8(k45)(w, x, nblk, K, res, 1, n)
-#define Q8_CALL_Q6K(n) Q8(k6)(w, x, nblk, K, res, n)
-#define Q8_CALL_Q40(n) Q8(legacy)(w, x, nblk, K, res, T_Q4_0, n)
-#define Q8_CALL_Q50(n) Q8(legacy)(w, x, nblk, K, res, T_Q5_0, n)
-#define Q8_CALL_Q80(n) Q8(legacy)(w, x, nblk, K, res, T_Q8_0, n)
-Q8_COL(col_q4_k, Q8_CALL_Q4K)
-Q8_COL(col_q5_k, Q8_CALL_Q5K)
-Q8_COL(col_q6_k, Q8_CALL_Q6K)
-Q8_COL(col_q4_0, Q8_CALL_Q40)
-Q8_COL(col_q5_0, Q8_CALL_Q50)
-Q8_COL(col_q8_0, Q8_CALL_Q80)
 
 #define Q8_XR 2 /* rows per tile of the 16-column kernels */
 #include "gguf_q8_x16_isa.h"
@@ -220,13 +203,6 @@ Q8_COL(col_q8_0, Q8_CALL_Q80)
 #undef Q8_XR
 
 #undef Q8_ROWS
-#undef Q8_COL
-#undef Q8_CALL_Q4K
-#undef Q8_CALL_Q5K
-#undef Q8_CALL_Q6K
-#undef Q8_CALL_Q40
-#undef Q8_CALL_Q50
-#undef Q8_CALL_Q80
 #undef Q8_TARGET
 #undef Q8
 #undef Q8_IN

@@ -1,7 +1,25 @@
-/* The column loop of one ISA copy (included by each, after its col_* functions; Q8_RT: rows per
- * tile). Rows pass in blocks that stay in L2; within one, each column of the thread's range runs over
+/* The column loop of one ISA copy (included by each, after its k45/k6/legacy kernels and its
+ * Q8_ROWS, which names the row counts it has tiles for; Q8_RT: rows per tile). Rows pass in blocks that stay in L2; within one, each column of the thread's range runs over
  * tiles of up to Q8_RT rows, so a column's codes are decoded once per tile. Only which results are
  * computed together changes with the tiling, never how. */
+#define Q8_COL(name, call)                                                                                    \
+    Q8_TARGET static void Q8(name)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t K, int R,     \
+                                   float* res) {                                                          \
+        Q8_ROWS(call)                                                                                     \
+    }
+#define Q8_CALL_Q4K(n) Q8(k45)(w, x, nblk, K, res, 0, n)
+#define Q8_CALL_Q5K(n) Q8(k45)(w, x, nblk, K, res, 1, n)
+#define Q8_CALL_Q6K(n) Q8(k6)(w, x, nblk, K, res, n)
+#define Q8_CALL_Q40(n) Q8(legacy)(w, x, nblk, K, res, T_Q4_0, n)
+#define Q8_CALL_Q50(n) Q8(legacy)(w, x, nblk, K, res, T_Q5_0, n)
+#define Q8_CALL_Q80(n) Q8(legacy)(w, x, nblk, K, res, T_Q8_0, n)
+Q8_COL(col_q4_k, Q8_CALL_Q4K)
+Q8_COL(col_q5_k, Q8_CALL_Q5K)
+Q8_COL(col_q6_k, Q8_CALL_Q6K)
+Q8_COL(col_q4_0, Q8_CALL_Q40)
+Q8_COL(col_q5_0, Q8_CALL_Q50)
+Q8_COL(col_q8_0, Q8_CALL_Q80)
+
 Q8_TARGET static void Q8(column)(int type, const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t K, int R,
                                  float* res) {
     switch (type) {
@@ -58,3 +76,11 @@ Q8_TARGET static void Q8(columns)(const QArgs* a, int64_t begin, int64_t end) {
         }
     }
 }
+
+#undef Q8_COL
+#undef Q8_CALL_Q4K
+#undef Q8_CALL_Q5K
+#undef Q8_CALL_Q6K
+#undef Q8_CALL_Q40
+#undef Q8_CALL_Q50
+#undef Q8_CALL_Q80
