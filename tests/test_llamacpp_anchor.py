@@ -11,6 +11,9 @@ from trispec.bench.llamacpp import run_llama_bench
 from trispec.bench.report import Reporter
 
 
+# llama-bench `-o jsonl` writes one object per test with test::get_fields() as keys (build_commit,
+# n_prompt, n_gen, ..., avg_ts): llama.cpp tools/llama-bench/llama-bench.cpp; the real binary was run
+# for docs/benchmarks.md's anchor, this stand-in keeps the tests without a llama.cpp build.
 def fake_llama_bench(tmp_path: Path, lines: list[dict]) -> Path:
     script = tmp_path / "llama-bench"
     echoes = "\n".join(f"echo '{json.dumps(line)}'" for line in lines)
