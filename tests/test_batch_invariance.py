@@ -142,8 +142,24 @@ class Probe:
 CASES = [(shape, v) for shape in ("tiny", "wide") for v in VARIANTS if v != "gguf-k"] + [("k", "gguf-k")]
 
 
+def integer_path_copy(shape: str, variant: str) -> str:
+    """The K-quant case is there for the GGUF integer path: every linear layer of its engine must run on
+    it (else it would check the float path a second time). Returns the ISA copy they run; skips where
+    the CPU has no integer path (no AVX2), saying so."""
+    if gguf_linear._Q8_ISA == 0:
+        pytest.skip("no GGUF integer path on this CPU (it needs AVX2): the K-quant layers would run float")
+    layers = engine(shape, variant).model.linears()
+    assert layers and all(isinstance(m, gguf_linear.GGUFLinear) and m.integer for m in layers), [
+        type(m).__name__ + ("" if getattr(m, "integer", False) else " (not integer)") for m in layers
+    ]
+    assert {m.q8_isa for m in layers} == {gguf_linear._Q8_ISA}
+    return gguf_linear.Q8_COPIES[gguf_linear._Q8_ISA]
+
+
 @pytest.mark.parametrize(("shape", "variant"), CASES)
 def test_logits_are_bit_identical_whatever_shares_the_pass(shape: str, variant: str) -> None:
+    if variant == "gguf-k":
+        integer_path_copy(shape, variant)
     probe = Probe(shape, variant)
     alone = probe.logits()
     scenarios = {

@@ -18,6 +18,7 @@ from trispec.config import SpecDecConfig, parse_config
 from trispec.engine.cpu.linear import DenseLinear, GGUFLinear, Int8Linear
 from trispec.serving import file_digests
 from trispec.serving.fingerprint import (
+    DRAFT_KEYS,
     NOT_OUTPUT_KEYS,
     model_fingerprint,
     numerics_path,
@@ -58,19 +59,55 @@ def test_the_same_model_has_the_same_fingerprint(files: Path) -> None:
     assert set(first.parts) == {"config", "weights", "tokenizer", "numerics", "code"}
 
 
+REJECTION = {"speculation": {"sampling_rule": "rejection"}}
+
+
 @pytest.mark.parametrize(
     "change",
     [
-        {"drafter": {"precision": "bfloat16"}},  # sampled draws depend on the draft
         {"defaults": {"temperature": 0.7}},
         {"defaults": {"max_tokens": 32}},
-        {"scheduler": {"max_num_draft_tokens": 4}},
-        {"scheduler": {"default_num_draft_tokens": 2}},
         {"target": {"dtype": "bfloat16"}},
+        REJECTION,  # the rule itself
     ],
 )
 def test_a_setting_that_changes_outputs_changes_it(files: Path, change: dict[str, Any]) -> None:
     assert fingerprint(files, **change) != fingerprint(files)
+
+
+def draft_model(files: Path, name: str = "draft.safetensors", content: bytes = b"d" * 1024) -> dict[str, Any]:
+    (files / name).write_bytes(content)
+    model = {"checkpoint": {"path": str(files / name)}, "tokenizer": str(files / "tokenizer.json")}
+    return {"kind": "model", "precision": None, "model": model}
+
+
+DRAFT_CHANGES = {
+    "precision": lambda files: {"drafter": {"precision": "bfloat16"}},
+    "ngram": lambda files: {"drafter": {"kind": "ngram", "precision": None}},
+    "suffix beside": lambda files: {"drafter": {"with_suffix": True}},
+    "draft model": lambda files: {"drafter": draft_model(files)},
+    "max k": lambda files: {"scheduler": {"max_num_draft_tokens": 4}},
+    "default k": lambda files: {"scheduler": {"default_num_draft_tokens": 2}},
+}
+
+
+@pytest.mark.parametrize("change", list(DRAFT_CHANGES))
+def test_the_drafter_and_k_count_only_under_the_rejection_rule(files: Path, change: str) -> None:
+    """Under the coupled rule (the default) a seed's text is plain sampling's whatever is drafted, so
+    what drafts and how many leave the fingerprint alone; under the p/q test a seed's text depends on
+    the drafts, and each of them changes it."""
+    changed = DRAFT_CHANGES[change](files)
+    assert fingerprint(files, **changed) == fingerprint(files)
+    assert fingerprint(files, **changed, **REJECTION) != fingerprint(files, **REJECTION)
+
+
+def test_a_draft_model_s_weights_count_only_under_the_rejection_rule(files: Path) -> None:
+    one = draft_model(files, "one.safetensors", b"1" * 1024)
+    two = draft_model(files, "two.safetensors", b"2" * 1024)
+    assert fingerprint(files, drafter=one) == fingerprint(files, drafter=two)
+    assert fingerprint(files, drafter=one, **REJECTION) != fingerprint(files, drafter=two, **REJECTION)
+    parts = model_fingerprint(config(files, drafter=one)).parts
+    assert parts == model_fingerprint(config(files, drafter={"kind": "none", "precision": None})).parts
 
 
 @pytest.mark.parametrize(
@@ -95,14 +132,22 @@ def _leaves(data: dict[str, Any], prefix: str = "") -> set[str]:
     return out
 
 
-def test_every_other_key_counts_including_sections_added_later(files: Path) -> None:
-    """Only a fixed list of keys is left out (and file locations, whose digests count instead), so
-    a key added later, such as a ``speculation`` section, counts without anyone listing it."""
-    cfg = config(files, drafter={"kind": "model", "model": {"checkpoint": {"path": str(files / "w.gguf")}}})
+@pytest.mark.parametrize("rule", ["coupled", "rejection"])
+def test_every_other_key_counts_including_sections_added_later(files: Path, rule: str) -> None:
+    """Only a fixed list of keys is left out (and file locations, whose digests count instead; and,
+    under the coupled rule, what drafts and how many), so a key added later, such as a
+    ``speculation`` section, counts without anyone listing it."""
+    cfg = config(
+        files,
+        drafter={"kind": "model", "model": {"checkpoint": {"path": str(files / "w.gguf")}}},
+        speculation={"sampling_rule": rule},
+    )
     dumped = cfg.model_dump(mode="json")
     removed = _leaves(dumped) - _leaves(output_config(cfg))
+    left_out = NOT_OUTPUT_KEYS | DRAFT_KEYS if rule == "coupled" else NOT_OUTPUT_KEYS
+    assert ("drafter.kind" in removed) == (rule == "coupled")
     for dotted in removed:
-        listed = any(dotted == k or dotted.startswith(k + ".") for k in NOT_OUTPUT_KEYS)
+        listed = any(dotted == k or dotted.startswith(k + ".") for k in left_out)
         located = any(
             f".{k}" in f".{dotted}"
             for k in ("target.checkpoint", "target.tokenizer", "model.checkpoint", "model.tokenizer")
@@ -154,13 +199,19 @@ def test_the_numerics_path_names_the_isa_only_where_onednn_computes(
     files: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = config(files)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     capability = torch.backends.cpu.get_cpu_capability().lower()
     assert numerics_path(cfg, isa_dependent=True).startswith(f"cpu {capability}")
     if capability in ("avx2", "avx512"):
         assert numerics_path(cfg, isa_dependent=False) == "cpu avx2-or-avx512"
+    uncapped = {dependent: numerics_path(cfg, isa_dependent=dependent) for dependent in (True, False)}
+    uncapped_fingerprint = model_fingerprint(cfg, isa_dependent=False)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    assert numerics_path(cfg).endswith("onednn<=avx2")
-    assert numerics_path(cfg, isa_dependent=False) == numerics_path(cfg, isa_dependent=False)
+    # a oneDNN cap changes a model that oneDNN computes, and nothing of one that only our kernels compute
+    assert numerics_path(cfg).endswith("onednn<=avx2") and numerics_path(cfg) != uncapped[True]
+    assert numerics_path(cfg, isa_dependent=False) == uncapped[False]
+    assert model_fingerprint(cfg, isa_dependent=False) == uncapped_fingerprint
     assert model_fingerprint(cfg, isa_dependent=False) != model_fingerprint(cfg, isa_dependent=True)
     cuda = config(files, target={"device": "cuda"})
     assert numerics_path(cuda).startswith("cuda ")

@@ -3,13 +3,16 @@ and Q4_K / Q6_K repacked into 16-column groups (``csrc/gguf_q8_x16.h``, what the
 
 Exact where it promises to be: against a float64 reference that quantises x the way the kernel says
 it does (``quantised``), the error is float32 rounding only; every ISA copy (AVX-512 VNNI, AVX-VNNI,
-AVX2) gives the same bits; a row's output does not depend on the rows beside it, the row tiles or the
-thread count. Against the float32 model (x not quantised) it is within the stated tolerance.
+AVX2) gives the same bits as the AVX2 copy; a row's output does not depend on the rows beside it, the
+row tiles or the thread count. Against the float32 model (x not quantised) it is within the stated
+tolerance. A copy this CPU lacks is a skip that says so (the kernel would run a lower copy in its
+place, and the comparison would be of that copy with itself); the test ids name each copy.
 """
 
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ import torch
 from gguf.quants import dequantize, quantize
 from gguf_files import K_QUANTS, T, random_blocks
 from trispec.engine.cpu import gguf_linear
-from trispec.engine.cpu.gguf_linear import GGUFLinear, integer_path
+from trispec.engine.cpu.gguf_linear import Q8_COPIES, GGUFLinear, integer_path, q8_copy
 from trispec.engine.cpu.quant_blocks import QuantBlocks
 
 kernel = gguf_linear._gguf_kernel
@@ -27,7 +30,24 @@ pytestmark = pytest.mark.skipif(
 )
 
 TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0]
-ISAS = [512, 256, 2]  # each lowered to what the CPU runs; on an AVX2-only CPU all three are AVX2
+AVX2 = 2  # the reference copy: every CPU with an integer path has it
+ISAS = list(Q8_COPIES)  # 512, 256, 2
+
+
+def require_copy(isa: int) -> int:
+    """``isa``, if the kernel runs that copy on this CPU; else the test is skipped, saying which copy
+    would have run instead."""
+    ran = q8_copy(isa)
+    if ran != isa:
+        pytest.skip(
+            f"this CPU lacks the {Q8_COPIES[isa]} copy: asked for it, the kernel runs "
+            f"{Q8_COPIES.get(ran, 'no integer path')}"
+        )
+    return isa
+
+
+def isa_id(isa: int) -> str:
+    return Q8_COPIES[isa]
 
 
 def blocks(qtype: T, rows: int, columns: int, seed: int) -> np.ndarray:
@@ -115,17 +135,19 @@ def test_exact_up_to_float_rounding_for_the_quantised_activations(qtype: T) -> N
 ROWS = [1, 2, 3, 4, 5, 8, 9, 13, 17]
 
 
+@pytest.mark.parametrize("isa", ISAS, ids=isa_id)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_every_row_is_the_same_bits_whatever_the_rows_threads_and_isa(qtype: T) -> None:
+def test_every_row_is_the_same_bits_whatever_the_rows_threads_and_isa(qtype: T, isa: int) -> None:
+    """The ``isa`` copy, at every row count and thread count, against the AVX2 copy on all rows."""
+    require_copy(isa)
     columns = columns_of(qtype)
     raw = blocks(qtype, 11, columns, 2)
     bias = torch.randn(11)
     x = torch.randn(max(ROWS), columns, generator=torch.Generator().manual_seed(3))
-    reference = qlinear(x, [(raw, qtype, bias)], 2, threads=1)
+    reference = qlinear(x, [(raw, qtype, bias)], AVX2, threads=1)
     differing = [
-        (rows, isa, threads)
+        (rows, threads)
         for rows in ROWS
-        for isa in ISAS
         for threads in (1, 2)
         if not torch.equal(
             qlinear(x[:rows].contiguous(), [(raw, qtype, bias)], isa, threads=threads), reference[:rows]
@@ -134,22 +156,23 @@ def test_every_row_is_the_same_bits_whatever_the_rows_threads_and_isa(qtype: T) 
     assert not differing
 
 
+@pytest.mark.parametrize("isa", ISAS, ids=isa_id)
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda t: t.name)
-def test_repacked_groups_exact_same_bits_on_every_isa_and_row_count(qtype: T) -> None:
+def test_repacked_groups_exact_same_bits_on_every_isa_and_row_count(qtype: T, isa: int) -> None:
     """37 outputs: two whole groups of 16 and a padded one; rows past a tile (6 on AVX-512, 2 on AVX2);
-    legacy types a partial last activation block."""
+    legacy types a partial last activation block. The ``isa`` copy against the AVX2 copy."""
+    require_copy(isa)
     columns = columns_of(qtype)
     raw = blocks(qtype, 37, columns, 11)
     w = np.asarray(dequantize(raw, qtype), dtype=np.float64).reshape(37, columns)
     x = torch.randn(9, columns, generator=torch.Generator().manual_seed(12))
     bias = torch.randn(37)
-    reference = run_packed(x, raw, qtype, 2, threads=1, bias=bias)
+    reference = run_packed(x, raw, qtype, AVX2, threads=1, bias=bias)
     expected = quantised(x.numpy()) @ w.T + bias.numpy()
     assert np.abs(reference.double().numpy() - expected).max() <= 1e-5 * np.abs(expected).max()
     differing = [
-        (rows, isa, threads)
+        (rows, threads)
         for rows in (1, 2, 3, 5, 6, 7, 9)
-        for isa in ISAS
         for threads in (1, 2)
         if not torch.equal(
             run_packed(x[:rows].contiguous(), raw, qtype, isa, threads, bias), reference[:rows]
@@ -158,9 +181,12 @@ def test_repacked_groups_exact_same_bits_on_every_isa_and_row_count(qtype: T) ->
     assert not differing
 
 
-def test_parts_norm_and_residual_in_one_call() -> None:
-    """q/k/v-like parts of two types, the RMSNorm before and the residual add after: the same bits on
-    every ISA, and the values of the separate steps (the norm's sum order is the kernel's own)."""
+@pytest.mark.parametrize("isa", ISAS, ids=isa_id)
+def test_parts_norm_and_residual_in_one_call(isa: int) -> None:
+    """q/k/v-like parts of two types, the RMSNorm before and the residual add after: the ``isa`` copy
+    gives the AVX2 copy's bits, and the values of the separate steps (the norm's sum order is the
+    kernel's own)."""
+    require_copy(isa)
     columns = 512
     parts = [
         (blocks(T.Q4_K, 12, columns, 4), T.Q4_K, torch.randn(12)),
@@ -169,11 +195,11 @@ def test_parts_norm_and_residual_in_one_call() -> None:
     x = torch.randn(6, columns) * 3
     norm = torch.rand(columns) + 0.5
     residual = torch.randn(6, 17)
-    fused = [qlinear(x, parts, isa, norm=norm, out=residual.clone()) for isa in ISAS]
-    assert all(torch.equal(fused[0], f) for f in fused)
+    fused = qlinear(x, parts, isa, norm=norm, out=residual.clone())
+    assert torch.equal(fused, qlinear(x, parts, AVX2, norm=norm, out=residual.clone()))
     normed = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * norm
-    separate = residual + qlinear(normed, parts)
-    assert torch.allclose(fused[0], separate, rtol=1e-3, atol=1e-3 * float(separate.abs().max()))
+    separate = residual + qlinear(normed, parts, isa)
+    assert torch.allclose(fused, separate, rtol=1e-3, atol=1e-3 * float(separate.abs().max()))
 
 
 def test_the_layer_picks_the_integer_path_by_type_and_width() -> None:
@@ -188,6 +214,21 @@ def test_the_layer_picks_the_integer_path_by_type_and_width() -> None:
     same = residual.clone()
     assert layer.fused(x, residual=same) is same  # added in place
     assert torch.allclose(same, residual + layer(x), rtol=1e-6, atol=1e-6)
+
+
+def test_the_kernel_reports_the_copies_this_cpu_has() -> None:
+    """What ``q8_copy`` says runs agrees with the CPU's own flags (/proc/cpuinfo), so a skip above is
+    a copy really missing and a pass a copy really run."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = set(next(line for line in lines if line.startswith("flags")).split())
+    except (OSError, StopIteration):
+        pytest.skip("no /proc/cpuinfo flags to compare with")
+    avx512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"} <= flags
+    assert (q8_copy(512) == 512) == (avx512 and "avx512_vnni" in flags)
+    assert (q8_copy(256) == 256) == ("avx_vnni" in flags)
+    assert q8_copy(2) == 2  # the module runs only where the AVX2 copy does
+    assert all(q8_copy(isa) <= isa for isa in ISAS)
 
 
 def test_bad_plans_are_refused() -> None:

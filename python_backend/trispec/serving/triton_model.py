@@ -119,7 +119,12 @@ class TritonPythonModel:
 
         from trispec.config import load_config
         from trispec.llm import SpeculativeLLM
-        from trispec.serving.fingerprint import model_fingerprint, uses_onednn, write_fingerprint
+        from trispec.serving.fingerprint import (
+            drafts_change_text,
+            model_fingerprint,
+            uses_onednn,
+            write_fingerprint,
+        )
         from trispec.serving.metrics import TritonMetrics
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -129,7 +134,9 @@ class TritonPythonModel:
         self.decoupled = is_decoupled(model_config)
         self.llm = SpeculativeLLM.from_config(config)
         # after loading: the tokenizer files exist, and the built layers say whether the ISA matters
-        fingerprint = model_fingerprint(config, uses_onednn(self.llm.engine.runner))
+        fingerprint = model_fingerprint(
+            config, uses_onednn(self.llm.engine.runner, drafts_change_text(config))
+        )
         self.fingerprint = fingerprint.value
         self.defaults = config.defaults
         self.max_prompt_bytes = config.serving.max_prompt_bytes

@@ -32,6 +32,8 @@ except ImportError:  # built by `pip install`; absent if no C compiler was found
 
 _GGUF_ISA = isa_level(_gguf_kernel)
 _Q8_ISA = q8_level(_gguf_kernel)
+# the integer path's ISA copies, by the level the kernel takes and reports (``q8_level``)
+Q8_COPIES: dict[int, str] = {512: "avx512-vnni", 256: "avx-vnni", 2: "avx2"}
 # ggml type -> (values, bytes) per block, for the types the GGUF kernel decodes
 GGUF_FORMATS: dict[int, tuple[int, int]] = _gguf_kernel.formats() if _gguf_kernel is not None else {}
 # the integer path's types (ggml ids) and the widths they need (K-quants whole 256-blocks, others 64)
@@ -61,6 +63,13 @@ def require_gguf_kernel() -> Any:
     return _gguf_kernel
 
 
+def q8_copy(wanted: int) -> int:
+    """The integer-path copy the kernel runs when asked for ``wanted`` (a key of ``Q8_COPIES``, or 0:
+    none): the highest this CPU has at or below it, as the kernel itself lowers a request (asked for
+    AVX-VNNI on a CPU without it, it runs AVX2)."""
+    return int(_gguf_kernel.q8_level(wanted)) if _gguf_kernel is not None else 0
+
+
 def integer_path(parts: list[QuantBlocks], q8_isa: int | None = None) -> bool:
     """Whether these parts (one layer) run on the integer path on this CPU."""
     isa = _Q8_ISA if q8_isa is None else q8_isa
@@ -88,6 +97,8 @@ class GGUFLinear:
         self.out_features = sum(p.rows for p in self.parts)
         self.bias = None if bias is None else bias.float().contiguous()
         self.integer = integer_path(self.parts)
+        # the integer-path copy its calls run (``Q8_COPIES``); 0 on the float path
+        self.q8_isa = _Q8_ISA if self.integer else 0
         # what the kernel reads: the file's blocks, or their repacked form (which replaces them)
         self._weights: list[tuple[int, torch.Tensor, int, int]] = []  # (plan type, data, rows, bytes/row)
         if self.integer:
