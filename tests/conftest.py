@@ -8,6 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# fixtures shared by several test files, registered here for all of them (docs/development.md)
+pytest_plugins = ["client_stand_ins", "deploy_manifests", "tiny_triton", "e2e_server", "serving_loop_sinks"]
+
 # The Triton kernels run under Triton's interpreter on a machine without a GPU; the variable is read
 # when ``@triton.jit`` decorates, so it must be set before trispec.engine.gpu.triton_attention is imported.
 if not os.path.exists("/dev/nvidia0"):

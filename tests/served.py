@@ -4,6 +4,7 @@ that talk to it: start it on free ports, wait until ready, read its metrics, sto
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,16 +21,44 @@ import pytest
 BIN = Path(sys.executable).parent
 
 
+# Servers listen on ports below the kernel's ephemeral range (32768 up on Linux), so that no client
+# connection or bind(0) elsewhere can take one between the check below and the server's own bind;
+# under pytest-xdist each worker takes only the ports p with p % workers == its index, so two workers
+# never pick the same one (docs/development.md, "Running the tests in parallel").
+SERVER_PORTS = range(20000, 32768)
+# its own generator: a test that seeds the module ``random`` must not make two runs pick alike
+_port_rng = random.Random()
+
+
+def _worker_slot() -> tuple[int, int]:
+    """(this xdist worker's index, the number of workers); (0, 1) outside xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    return index % count, count
+
+
 def free_ports(count: int = 3) -> list[int]:
-    """Ports the kernel hands out as free right now (all held open together, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """``count`` different ports of this worker's share of ``SERVER_PORTS`` that are free right now
+    (each checked by binding it), picked at random so that concurrent runs rarely meet."""
+    index, workers = _worker_slot()
+    mine = SERVER_PORTS[index::workers]
+    ports: list[int] = []
+    for port in _port_rng.sample(mine, len(mine)):
+        if _bindable(port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError(f"no {count} free ports in {SERVER_PORTS} for worker {index} of {workers}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port() -> int:

@@ -1,8 +1,7 @@
-"""Accept/reject rules: greedy matching and lossless speculative sampling.
-
-The core check is statistical: drafting from ``q`` and running the accept rule must emit tokens
-distributed exactly as the target ``p`` (chi-square, fixed seeds). The same harness, fed deliberately
-biased rules, must reject them, so a passing result means the harness can actually see a bias.
+"""Lossless speculative sampling, checked statistically: drafting from ``q`` and running the accept
+rule must emit tokens distributed exactly as the target ``p`` (chi-square, fixed seeds). The same
+harness, fed deliberately biased rules, must reject them, so a passing result means the harness can
+actually see a bias. The rules case by case: ``test_accept_rules.py``.
 """
 
 from __future__ import annotations
@@ -10,223 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chi2, chisquare
-from trispec.accept import AcceptResult, greedy_accept, residual_distribution, speculative_accept
-from trispec.sampling import SamplingParams, logits_to_probs, make_generator, one_hot_probs, sample
-
-V = 6
-
-AcceptRule = Callable[[Sequence[int], torch.Tensor, torch.Tensor, "torch.Generator | None"], AcceptResult]
-
-
-def _rows(*rows: list[float]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.float32)
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-# --- greedy_accept ------------------------------------------------------------------------------
-
-
-def _logits_with_argmax(argmaxes: list[int], vocab: int = V) -> torch.Tensor:
-    logits = torch.randn(len(argmaxes), vocab, generator=_gen(0))
-    logits[torch.arange(len(argmaxes)), argmaxes] = 10.0
-    return logits
-
-
-def test_greedy_all_accepted_plus_bonus() -> None:
-    result = greedy_accept([3, 1, 4], _logits_with_argmax([3, 1, 4, 5]))
-    assert result == AcceptResult(num_accepted=3, tokens=[3, 1, 4, 5])
-
-
-def test_greedy_first_rejected() -> None:
-    result = greedy_accept([3, 1, 4], _logits_with_argmax([2, 1, 4, 5]))
-    assert result == AcceptResult(num_accepted=0, tokens=[2])
-
-
-def test_greedy_middle_rejected() -> None:
-    # Draft 2 would match row 2, but nothing after the first mismatch counts.
-    result = greedy_accept([3, 1, 4], _logits_with_argmax([3, 0, 4, 5]))
-    assert result == AcceptResult(num_accepted=1, tokens=[3, 0])
-
-
-def test_greedy_k0_is_plain_decoding() -> None:
-    result = greedy_accept([], _logits_with_argmax([4]))
-    assert result == AcceptResult(num_accepted=0, tokens=[4])
-
-
-def test_greedy_ties_go_to_lowest_id() -> None:
-    logits = _rows([0.0, 2.0, 2.0, 1.0, 0.0, 0.0], [5.0, 5.0, 0.0, 0.0, 0.0, 0.0])
-    assert greedy_accept([2], logits) == AcceptResult(num_accepted=0, tokens=[1])
-    assert greedy_accept([1], logits) == AcceptResult(num_accepted=1, tokens=[1, 0])
-
-
-def test_greedy_accepts_tensor_drafts() -> None:
-    result = greedy_accept(torch.tensor([3, 1]), _logits_with_argmax([3, 2, 0]))
-    assert result == AcceptResult(num_accepted=1, tokens=[3, 2])
-    assert all(type(t) is int for t in result.tokens)
-
-
-def test_greedy_rejects_wrong_shapes() -> None:
-    with pytest.raises(ValueError):
-        greedy_accept([1, 2], torch.zeros(2, V))  # needs k+1 rows
-    with pytest.raises(ValueError):
-        greedy_accept([V], torch.zeros(2, V))  # token outside the vocab
-
-
-# --- speculative_accept: hand-made cases ---------------------------------------------------------
-
-
-def test_certain_accept_when_p_at_least_q() -> None:
-    q = _rows([0.1, 0.2, 0.3, 0.4, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0, 0.0, 0.0])
-    # p[x] >= q[x] on the drafted tokens (3 and 0) and the bonus row is one-hot on 5.
-    p = _rows([0.0, 0.1, 0.1, 0.4, 0.2, 0.2], [0.9, 0.1, 0.0, 0.0, 0.0, 0.0], [0, 0, 0, 0, 0, 1])
-    for seed in range(300):
-        assert speculative_accept([3, 0], q, p, _gen(seed)) == AcceptResult(2, [3, 0, 5])
-
-
-def test_identical_p_and_q_always_accept() -> None:
-    # p == q: every ratio is 1, so drafting costs nothing (and the residual is never needed).
-    p = torch.softmax(torch.randn(4, V, generator=_gen(4)), -1)
-    for seed in range(100):
-        drafts = sample(p[:3], _gen(1000 + seed)).tolist()
-        assert speculative_accept(drafts, p[:3].clone(), p, _gen(seed)).num_accepted == 3
-
-
-def test_certain_reject_when_p_of_draft_is_zero() -> None:
-    q = _rows([0.2, 0.2, 0.2, 0.2, 0.2, 0.0], [0.1, 0.6, 0.1, 0.1, 0.1, 0.0])
-    # Draft 0 (token 4) is certainly accepted, draft 1 (token 1) has p = 0: certainly rejected,
-    # and the correction comes from norm(max(0, p - q)) = tokens {3, 5} only.
-    p = _rows([0.0, 0.0, 0.0, 0.0, 1.0, 0.0], [0.1, 0.0, 0.1, 0.3, 0.0, 0.5], [1, 0, 0, 0, 0, 0])
-    corrections = set()
-    for seed in range(300):
-        result = speculative_accept([4, 1], q, p, _gen(seed))
-        assert result.num_accepted == 1
-        assert result.tokens[0] == 4
-        assert len(result.tokens) == 2
-        corrections.add(result.tokens[1])
-    assert corrections == {3, 5}
-
-
-def test_draft_with_zero_q_is_rejected() -> None:
-    # q says token 2 was impossible, so it was not drawn from q: reject even though p likes it.
-    q = _rows([0.5, 0.5, 0.0, 0.0, 0.0, 0.0])
-    p = _rows([0.0, 0.0, 1.0, 0.0, 0.0, 0.0], [1, 0, 0, 0, 0, 0])
-    for seed in range(50):
-        result = speculative_accept([2], q, p, _gen(seed))
-        assert result == AcceptResult(0, [2])  # rejected, then the residual (all on token 2) emits it
-
-
-def test_residual_distribution_values() -> None:
-    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
-    q = torch.tensor([0.2, 0.6, 0.1, 0.1])
-    assert torch.allclose(residual_distribution(p, q), torch.tensor([0.75, 0.0, 0.25, 0.0]))
-
-
-def test_residual_degenerate_falls_back_to_p() -> None:
-    p = torch.tensor([0.5, 0.5, 0.0, 0.0])
-    assert torch.equal(residual_distribution(p, p.clone()), p)
-    # p == q and a draft q calls impossible: rejected, residual is all zero, so the token comes from p.
-    q2 = _rows([0.5, 0.5, 0.0, 0.0])
-    p2 = _rows([0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0])
-    seen = {speculative_accept([3], q2, p2, _gen(seed)).tokens[0] for seed in range(100)}
-    assert seen == {0, 1}
-
-
-def test_rejection_samples_the_residual() -> None:
-    # Token 3 has p = 0 so it is always rejected; corrections must follow [0.75, 0, 0.25, 0].
-    p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]])
-    q = torch.tensor([[0.2, 0.6, 0.1, 0.1]])
-    gen = _gen(5)
-    counts = torch.zeros(4)
-    for _ in range(3000):
-        result = speculative_accept([3], q, p, gen)
-        assert result.num_accepted == 0
-        counts[result.tokens[0]] += 1
-    assert chi_square_pvalue(counts, torch.tensor([0.75, 0.0, 0.25, 0.0])) > 1e-3
-    # Sampling p instead of the residual (a classic bug) would give token 1 30% of the time.
-    assert counts[1] == 0
-
-
-def test_k0_samples_from_p() -> None:
-    p = _rows([0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-    assert speculative_accept([], torch.zeros(0, V), p, _gen(0)) == AcceptResult(0, [2])
-
-
-def test_one_hot_drafter_accepts_with_probability_p() -> None:
-    # A deterministic drafter (q one-hot) is accepted with probability p[x] = 0.3.
-    q = one_hot_probs([1], V)
-    p = _rows([0.2, 0.3, 0.5, 0.0, 0.0, 0.0], [1, 0, 0, 0, 0, 0])
-    gen = _gen(9)
-    accepted = sum(speculative_accept([1], q, p, gen).num_accepted for _ in range(2000))
-    assert abs(accepted / 2000 - 0.3) < 5 * (0.3 * 0.7 / 2000) ** 0.5
-
-
-def test_speculative_rejects_wrong_shapes() -> None:
-    with pytest.raises(ValueError):
-        speculative_accept([1, 2], torch.zeros(2, V), torch.zeros(2, V), None)  # p needs k+1 rows
-    with pytest.raises(ValueError):
-        speculative_accept([1, 2], torch.zeros(1, V), torch.zeros(3, V), None)  # q needs k rows
-    with pytest.raises(ValueError):
-        speculative_accept([1], torch.zeros(1, V + 1), torch.zeros(2, V), None)  # vocab mismatch
-
-
-def test_seeded_generator_reproduces_and_global_rng_is_untouched() -> None:
-    q = torch.softmax(torch.randn(3, V, generator=_gen(1)), -1)
-    p = torch.softmax(torch.randn(4, V, generator=_gen(2)), -1)
-    drafts = sample(q, _gen(3)).tolist()
-    params = SamplingParams(temperature=1.0, seed=77)
-
-    def run() -> list[AcceptResult]:
-        gen = make_generator(params)
-        return [speculative_accept(drafts, q, p, gen) for _ in range(200)]
-
-    torch.manual_seed(0)
-    first = run()
-    global_after = torch.rand(3)
-    torch.manual_seed(0)
-    second = run()
-    assert first == second
-    # Every draw came from the request's generator, none from torch's global RNG.
-    assert torch.equal(torch.rand(3), global_after)
-    assert torch.equal(global_after, torch.rand(3, generator=_gen(0)))
-    # ...and the outcome does depend on the seed.
-    gen = make_generator(SamplingParams(temperature=1.0, seed=78))
-    assert [speculative_accept(drafts, q, p, gen) for _ in range(200)] != first
-
-
-# --- exactness harness ---------------------------------------------------------------------------
-
-
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Goodness of fit of ``counts`` to ``probs``; 2-D inputs are independent rows (contexts).
-
-    Each row is tested against its own total (a conditional distribution), and the row statistics
-    are summed with their degrees of freedom. A count where the probability is 0 is impossible
-    under the target: p-value 0. Cells expecting fewer than 5 are pooled within their row so the
-    chi-square approximation holds.
-    """
-    counts_rows = counts.double().reshape(-1, counts.shape[-1]).numpy()
-    probs_rows = probs.double().reshape(-1, probs.shape[-1]).numpy()
-    statistic, dof = 0.0, 0
-    for obs, prob in zip(counts_rows, probs_rows, strict=True):
-        if obs[prob <= 0].sum() > 0:
-            return 0.0
-        obs, prob = obs[prob > 0], prob[prob > 0]
-        expected = prob / prob.sum() * obs.sum()
-        small = expected < 5
-        if small.any():
-            obs = np.append(obs[~small], obs[small].sum())
-            expected = np.append(expected[~small], expected[small].sum())
-        if len(obs) >= 2:  # one bin (or an empty row) carries no information
-            statistic += float(chisquare(obs, expected).statistic)
-            dof += len(obs) - 1
-    return float(chi2.sf(statistic, dof)) if dof else 1.0
+from accept_stats import AcceptRule, V, _gen, chi_square_pvalue
+from trispec.accept import AcceptResult, residual_distribution, speculative_accept
+from trispec.sampling import SamplingParams, logits_to_probs, one_hot_probs, sample
 
 
 @dataclass(frozen=True)
@@ -293,9 +80,6 @@ def fit_to_target(rule: AcceptRule, target: TwoStepModel, draft: TwoStepModel, t
     )
 
 
-# --- (target, draft) pairs -----------------------------------------------------------------------
-
-
 def _softmax_model(seed: int, scale: float = 1.5) -> TwoStepModel:
     gen = _gen(seed)
     return TwoStepModel(
@@ -330,7 +114,10 @@ def _through(logits: torch.Tensor, params: SamplingParams) -> TwoStepModel:
 
 
 FILTERED = SamplingParams(temperature=0.9, top_k=4, top_p=0.9)
+
+
 HOT_NUCLEUS = SamplingParams(temperature=1.5, top_p=0.8)
+
 
 PAIRS: dict[str, tuple[TwoStepModel, TwoStepModel]] = {
     "close": (_softmax_model(10), _perturbed(_softmax_model(10), seed=11)),
@@ -352,6 +139,7 @@ PAIRS: dict[str, tuple[TwoStepModel, TwoStepModel]] = {
         _through(1.5 * _logits(31), HOT_NUCLEUS),
     ),
 }
+
 
 TRIALS = 20_000
 
@@ -382,9 +170,6 @@ def test_pairs_exercise_what_they_claim() -> None:
     for model in PAIRS["filtered_logits"]:
         kept = torch.cat([(model.first > 0).sum(-1, keepdim=True), (model.second > 0).sum(-1)])
         assert kept.max() == 4 and kept.min() < 4
-
-
-# --- biased rules: the same harness must catch them ----------------------------------------------
 
 
 def always_accept(

@@ -58,7 +58,8 @@ def trtllm_runner(tmp: Path, ngram: bool = False, end_id: int | None = None) -> 
     from trispec.runners.trtllm_engines import read_engine
     from trispec.runners.trtllm_executor import TrtllmExecutor
     from trispec.runners.trtllm_runner import TrtllmSpecRunner
-    from trtllm_standin import Executor, write_engine
+    from trtllm_standin import Executor
+    from trtllm_standin_engine import write_engine
 
     poisoned: set[int] = set()
     Executor.poisoned = poisoned

@@ -1,10 +1,13 @@
-"""The BLS-compatible tensor interface: parsing, defaults, and bad input naming the tensor."""
+"""The BLS-compatible tensor interface: parsing, defaults, and bad input naming the tensor; every BLS
+tensor declared as there, the response tensors following the output table, the docs' table listing
+every tensor with its status.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from trispec.config import GenerationDefaults
+from bls_tensors import BLS_INPUTS, BLS_OUTPUTS, DEFAULTS, parse
 from trispec.errors import InvalidInputError
 from trispec.serving.tensors import (
     INPUTS,
@@ -13,103 +16,10 @@ from trispec.serving.tensors import (
     PerfMetrics,
     as_tensor_error,
     check_one_response,
-    check_parameters,
     parse_batch,
-    parse_inputs,
     response_tensors,
 )
 from trispec.stats import AcceptanceStats
-
-# NVIDIA's tensorrt_llm_bls model (TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/
-# tensorrt_llm_bls/config.pbtxt, 2025): every input and output, with its data type and dims
-BLS_INPUTS = {
-    "text_input": ("TYPE_STRING", (1,)),
-    "decoder_text_input": ("TYPE_STRING", (1,)),
-    "image_input": ("TYPE_FP16", (-1, 3, -1, -1)),
-    "image_bytes_input": ("TYPE_UINT8", (-1, -1, -1, -1)),
-    "image_url_input": ("TYPE_STRING", (1,)),
-    "video_bytes_input": ("TYPE_UINT8", (-1, -1, -1, -1)),
-    "max_tokens": ("TYPE_INT32", (1,)),
-    "bad_words": ("TYPE_STRING", (-1,)),
-    "stop_words": ("TYPE_STRING", (-1,)),
-    "exclude_input_in_output": ("TYPE_BOOL", (1,)),
-    "end_id": ("TYPE_INT32", (1,)),
-    "pad_id": ("TYPE_INT32", (1,)),
-    "top_k": ("TYPE_INT32", (1,)),
-    "top_p": ("TYPE_FP32", (1,)),
-    "temperature": ("TYPE_FP32", (1,)),
-    "length_penalty": ("TYPE_FP32", (1,)),
-    "repetition_penalty": ("TYPE_FP32", (1,)),
-    "min_tokens": ("TYPE_INT32", (1,)),
-    "presence_penalty": ("TYPE_FP32", (1,)),
-    "frequency_penalty": ("TYPE_FP32", (1,)),
-    "seed": ("TYPE_UINT64", (1,)),
-    "return_log_probs": ("TYPE_BOOL", (1,)),
-    "return_context_logits": ("TYPE_BOOL", (1,)),
-    "return_generation_logits": ("TYPE_BOOL", (1,)),
-    "num_return_sequences": ("TYPE_INT32", (1,)),
-    "beam_width": ("TYPE_INT32", (1,)),
-    "stream": ("TYPE_BOOL", (1,)),
-    "prompt_embedding_table": ("TYPE_FP16", (-1, -1)),
-    "prompt_vocab_size": ("TYPE_INT32", (1,)),
-    "prompt_table_extra_id": ("TYPE_UINT64", (1,)),
-    "embedding_bias_words": ("TYPE_STRING", (-1,)),
-    "embedding_bias_weights": ("TYPE_FP32", (-1,)),
-    "num_draft_tokens": ("TYPE_INT32", (1,)),
-    "use_draft_logits": ("TYPE_BOOL", (1,)),
-    "lora_task_id": ("TYPE_UINT64", (1,)),
-    "lora_weights": ("TYPE_FP16", (-1, -1)),
-    "lora_config": ("TYPE_INT32", (-1, 3)),
-    "return_perf_metrics": ("TYPE_BOOL", (1,)),
-    "return_num_input_tokens": ("TYPE_BOOL", (1,)),
-    "return_num_output_tokens": ("TYPE_BOOL", (1,)),
-    "guided_decoding_guide_type": ("TYPE_STRING", (1,)),
-    "guided_decoding_guide": ("TYPE_STRING", (1,)),
-}
-# logits take ${logits_datatype} there: TYPE_FP32 is its usual value
-BLS_OUTPUTS = {
-    "text_output": ("TYPE_STRING", (-1,)),
-    "cum_log_probs": ("TYPE_FP32", (-1,)),
-    "output_log_probs": ("TYPE_FP32", (-1, -1)),
-    "context_logits": ("TYPE_FP32", (-1, -1)),
-    "generation_logits": ("TYPE_FP32", (-1, -1, -1)),
-    "batch_index": ("TYPE_INT32", (1,)),
-    "sequence_index": ("TYPE_INT32", (1,)),
-    "kv_cache_alloc_new_blocks": ("TYPE_INT32", (1,)),
-    "kv_cache_reused_blocks": ("TYPE_INT32", (1,)),
-    "kv_cache_alloc_total_blocks": ("TYPE_INT32", (1,)),
-    "arrival_time_ns": ("TYPE_INT64", (1,)),
-    "first_scheduled_time_ns": ("TYPE_INT64", (1,)),
-    "first_token_time_ns": ("TYPE_INT64", (1,)),
-    "last_token_time_ns": ("TYPE_INT64", (1,)),
-    "acceptance_rate": ("TYPE_FP32", (1,)),
-    "total_accepted_draft_tokens": ("TYPE_INT32", (1,)),
-    "total_draft_tokens": ("TYPE_INT32", (1,)),
-    "num_input_tokens": ("TYPE_INT32", (1,)),
-    "num_output_tokens": ("TYPE_INT32", (1,)),
-}
-
-DEFAULTS = GenerationDefaults(max_tokens=32, temperature=0.0)
-
-
-def tensors(**values: object) -> dict[str, np.ndarray]:
-    """Client-style tensors: every value in a [1, 1] array (strings as bytes, lists as [1, n])."""
-    out = {}
-    for name, value in values.items():
-        if isinstance(value, np.ndarray):
-            out[name] = value
-        elif isinstance(value, list):
-            out[name] = np.array([[v.encode() if isinstance(v, str) else v for v in value]], dtype=object)
-        elif isinstance(value, str):
-            out[name] = np.array([[value.encode()]], dtype=object)
-        else:
-            out[name] = np.array([[value]])
-    return out
-
-
-def parse(**values: object):
-    given = tensors(**values)
-    return parse_inputs(given.get, DEFAULTS)
 
 
 def test_defaults_come_from_the_yaml_section() -> None:
@@ -336,111 +246,3 @@ def test_docs_tensor_table_lists_every_tensor_with_its_status() -> None:
                 rows[name] = cells[2]
     expected = {s.name: s.status for s in (*INPUTS, *OUTPUTS)}
     assert rows == expected
-
-
-@pytest.mark.parametrize(
-    ("parameters", "refused"),
-    [
-        ('{"max_token": 4}', "max_token"),
-        ('{"triton_enable_empty_final_response": true, "tempreature": 0.1}', "tempreature"),
-        ('{"triton_enable_empty_final_response": true}', None),
-        ("{}", None),
-        ("", None),
-    ],
-)
-def test_unknown_request_parameters_are_refused_naming_the_key(parameters: str, refused: str | None) -> None:
-    if refused is None:
-        check_parameters(parameters)
-        return
-    with pytest.raises(InvalidInputError) as error:
-        check_parameters(parameters)
-    assert error.value.field == refused and error.value.reason == "unknown_parameter"
-    assert "max_tokens" in error.value.message  # says which inputs exist
-
-
-def test_oversized_text_input_is_refused_before_decoding() -> None:
-    given = tensors(text_input="x" * 101)
-    with pytest.raises(InvalidInputError, match=r"serving\.max_prompt_bytes") as error:
-        parse_inputs(given.get, DEFAULTS, max_prompt_bytes=100)
-    assert error.value.field == "text_input" and error.value.reason == "too_long"
-    assert parse_inputs(tensors(text_input="x" * 100).get, DEFAULTS, max_prompt_bytes=100)
-    # invalid UTF-8 past the limit: refused on size, never decoded
-    with pytest.raises(InvalidInputError, match="max_prompt_bytes"):
-        parse_inputs({"text_input": np.array([[b"\xff" * 200]], dtype=object)}.get, DEFAULTS, 100)
-
-
-def test_a_sampled_request_without_a_seed_gets_one_and_a_greedy_one_none() -> None:
-    """So that it can be resumed exactly: the seed is returned in its first response (sampling_seed)."""
-    first, second = (parse(text_input="x", temperature=np.array([[0.8]], dtype=np.float32)) for _ in "ab")
-    assert isinstance(first.generation.seed, int) and 0 <= first.generation.seed < 2**63
-    assert first.generation.seed != second.generation.seed
-    assert first.generation.sampling.seeded
-    assert parse(text_input="x").generation.seed is None  # greedy: nothing to seed
-    given = parse(text_input="x", temperature=np.array([[0.8]], dtype=np.float32), seed=np.array([[9]]))
-    assert given.generation.seed == 9
-
-
-def test_skip_output_tokens_resumes_only_what_can_be_resumed_exactly() -> None:
-    sampled = {"temperature": np.array([[0.8]], dtype=np.float32), "stream": np.array([[True]])}
-    skip = {"skip_output_tokens": np.array([[5]], dtype=np.int32)}
-    resumed = parse(text_input="x", seed=np.array([[3]], dtype=np.uint64), **sampled, **skip)
-    assert resumed.generation.skip_output_tokens == 5 and resumed.resumed and resumed.generation.seed == 3
-    greedy = parse(text_input="x", stream=np.array([[True]]), **skip)
-    assert greedy.generation.skip_output_tokens == 5 and greedy.resumed
-    plain = parse(text_input="x")
-    assert plain.generation.skip_output_tokens == 0 and not plain.resumed
-    # 0 skips nothing: a stream cut before its first token, sent again (counted as resumed)
-    nothing = parse(text_input="x", skip_output_tokens=np.array([[0]], dtype=np.int32), **sampled)
-    assert (
-        nothing.resumed and nothing.generation.skip_output_tokens == 0 and nothing.generation.seed is not None
-    )
-    refused = [
-        ({**sampled, **skip}, "unseeded sampled request cannot be resumed"),
-        ({**skip}, "needs stream=true"),
-        (
-            {**skip, "stream": np.array([[True]]), "num_return_sequences": np.array([[2]])},
-            "num_return_sequences 1",
-        ),
-        ({"skip_output_tokens": np.array([[-1]], dtype=np.int32)}, "must be >= 0"),
-    ]
-    for values, why in refused:
-        with pytest.raises(InvalidInputError, match=why) as error:
-            parse(text_input="x", **values)
-        assert error.value.field == "skip_output_tokens"
-    # where the model cannot promise the same tokens again, any skip is refused, saying why
-    given = tensors(text_input="x", stream=np.array([[True]]), **skip)
-    with pytest.raises(InvalidInputError, match="not supported: the GPU path") as error:
-        parse_inputs(given.get, DEFAULTS, resume_refusal="the GPU path is not batch-invariant")
-    assert error.value.field == "skip_output_tokens"
-
-
-def test_a_resume_expecting_another_model_is_refused() -> None:
-    """A stream that began on a replica serving another model (another fingerprint) does not go on
-    here: its text would be spliced from two models."""
-    mine = "0123456789abcdef"
-    same = tensors(text_input="x", expected_model_fingerprint=np.array([[mine.encode()]], dtype=object))
-    parsed = parse_inputs(same.get, DEFAULTS, model_fingerprint=mine)
-    assert parsed.model_fingerprint == mine  # reported in each sequence's first response
-    other = tensors(
-        text_input="x", expected_model_fingerprint=np.array([[b"fedcba9876543210"]], dtype=object)
-    )
-    with pytest.raises(
-        InvalidInputError, match=f"serves model fingerprint {mine}, not fedcba9876543210"
-    ) as error:
-        parse_inputs(other.get, DEFAULTS, model_fingerprint=mine)
-    assert error.value.field == "expected_model_fingerprint" and error.value.reason == "other_model"
-    assert (
-        parse_inputs(tensors(text_input="x").get, DEFAULTS, model_fingerprint=mine).model_fingerprint == mine
-    )
-
-
-def test_exact_resumption_is_refused_on_trtllm_and_on_cuda() -> None:
-    from trispec.config import EngineConfig, load_config
-    from trispec.serving.triton_model import exact_resume_refusal
-
-    config = load_config(None)
-    assert exact_resume_refusal(config) is None
-    trtllm = config.model_copy(update={"engine": EngineConfig(kind="trtllm")})
-    assert "engine.kind trtllm" in exact_resume_refusal(trtllm)
-    cuda = config.model_copy(update={"target": config.target.model_copy(update={"device": "cuda:1"})})
-    assert "target.device is cuda:1" in exact_resume_refusal(cuda)

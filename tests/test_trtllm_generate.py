@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_trtllm import write_hf
 from tiny import TINY_VOCAB, ascii_tokenizer, reference_greedy
-from trtllm_standin import write_engine
+from trtllm_standin_engine import write_engine
 
 TESTS = Path(__file__).parent
 BIN = Path(sys.executable).parent

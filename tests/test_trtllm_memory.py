@@ -16,7 +16,7 @@ from trispec.errors import ConfigError
 from trispec.runners import trtllm_setup
 from trispec.runners.trtllm_executor import TrtllmUnavailable, worker_executable
 from trispec.runners.trtllm_setup import start_runner
-from trtllm_standin import write_engine
+from trtllm_standin_engine import write_engine
 
 GiB = 2**30
 

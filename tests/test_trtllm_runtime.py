@@ -25,7 +25,7 @@ from trispec.runners.trtllm_runner import TrtllmSpecRunner
 from trispec.runners.trtllm_sampling import TOP_K_MAX, sampling_config_kwargs
 from trispec.sampling_params import SamplingParams
 from trispec.sequence import FinishReason
-from trtllm_standin import write_engine
+from trtllm_standin_engine import write_engine
 
 
 def runner_over(

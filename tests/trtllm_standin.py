@@ -7,7 +7,8 @@ The engine an ``Executor`` loads is a directory with TensorRT-LLM's ``config.jso
 one is), a ``rank0.engine`` whose size is the weights the GPU must hold, and ``standin.json`` naming
 the tiny random model (our torch engine, used only for the model's logits) that stands for it. The
 decoding rules (sampling, external-draft acceptance) live in ``trtllm_standin_decoding`` and import
-nothing of ours.
+nothing of ours; the bindings' plain types in ``trtllm_standin_types`` (all re-exported here), the
+engine directories in ``trtllm_standin_engine``.
 
 What it does, each from the source:
 * requests are validated when the executor fetches them, per request (``LlmRequest::validate``,
@@ -64,25 +65,40 @@ forward) until nothing can progress.
 from __future__ import annotations
 
 import datetime
-import enum
 import itertools
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from tiny import tiny_args
 from trispec.engine.base import ForwardInput
-from trispec.engine.random_weights import random_state_dict
-from trispec.engine.torch_engine import TorchEngine
 from trtllm_standin_decoding import draw, runtime_sampling, target_probs, verify_external_drafts
+from trtllm_standin_engine import _Engine, _model
 
-ENGINES: dict[str, TorchEngine] = {}  # one tiny model per stand-in engine, shared by executors
+# the bindings' types, all of them: this module is ``tensorrt_llm.bindings.executor``
+from trtllm_standin_types import *  # noqa: F403
+from trtllm_standin_types import (
+    CommunicationMode,
+    ExecutorConfig,
+    FinishReason,
+    IterationStats,
+    KvCacheConfig,
+    KvCacheStats,
+    ModelType,
+    ParallelConfig,
+    Request,
+    Response,
+    Result,
+)
+
 GiB = 2**30
+
+
 # runtime buffers an executor allocates beside its weights before the KV cache is sized (activations,
 # decoder state); a fixed figure here, a function of max_num_tokens and the model on a real GPU
 RUNTIME_BUFFER_BYTES = GiB // 4
+
+
 DEFAULT_GPU_MEM_FRACTION = 0.9  # executor.h kDefaultGpuMemFraction
 
 
@@ -108,158 +124,6 @@ class SimulatedGpu:
 GPU = SimulatedGpu()
 
 
-class ModelType(enum.Enum):
-    DECODER_ONLY = 0
-
-
-class FinishReason(enum.Enum):
-    NOT_FINISHED = 0
-    END_ID = 1
-    STOP_WORDS = 2
-    LENGTH = 3
-    TIMED_OUT = 4
-    CANCELLED = 5
-
-
-class CommunicationMode(enum.Enum):
-    LEADER = 0
-    ORCHESTRATOR = 1
-
-
-@dataclass
-class KvCacheConfig:
-    enable_block_reuse: bool = True
-    max_tokens: int | None = None
-    max_attention_window: list[int] | None = None
-    sink_token_length: int | None = None
-    free_gpu_memory_fraction: float | None = None
-
-
-@dataclass
-class OrchestratorConfig:
-    is_orchestrator: bool = True
-    worker_executable_path: str = ""
-
-
-@dataclass
-class ParallelConfig:
-    device_ids: list[int] | None = None
-    communication_mode: CommunicationMode = CommunicationMode.LEADER
-    orchestrator_config: OrchestratorConfig | None = None
-
-
-@dataclass
-class ExecutorConfig:
-    max_beam_width: int = 1
-    kv_cache_config: KvCacheConfig = field(default_factory=KvCacheConfig)
-    enable_chunked_context: bool = False
-    max_num_tokens: int | None = None
-    parallel_config: ParallelConfig | None = None
-    gather_generation_logits: bool = False
-
-
-@dataclass
-class SamplingConfig:
-    beam_width: int = 1
-    top_k: int | None = None
-    top_p: float | None = None
-    temperature: float | None = None
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        # executor/samplingConfig.cpp checkTopK / checkTopP / checkTemperature (TLLM_CHECK)
-        if self.top_k is not None and self.top_k < 0:
-            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: topK.value() >= 0")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: topP.value() > 0.f")
-        if self.temperature is not None and self.temperature < 0:
-            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: temperature.value() >= 0.f")
-
-
-@dataclass
-class OutputConfig:
-    return_log_probs: bool = False
-    return_context_logits: bool = False
-    return_generation_logits: bool = False
-    exclude_input_from_output: bool = False
-    return_encoder_output: bool = False
-    return_perf_metrics: bool = False
-
-
-class ExternalDraftTokensConfig:
-    def __init__(
-        self,
-        tokens: list[int],
-        logits: Any = None,
-        acceptance_threshold: float | None = None,
-        fast_logits: bool | None = None,
-    ) -> None:
-        if not tokens:
-            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: !mTokens.empty()")
-        self.tokens = list(tokens)
-        self.logits = logits
-        self.acceptance_threshold = acceptance_threshold
-        self.fast_logits = fast_logits
-
-
-class Request:
-    def __init__(
-        self,
-        input_token_ids: list[int],
-        max_tokens: int,
-        *,
-        streaming: bool = False,
-        sampling_config: SamplingConfig | None = None,
-        output_config: OutputConfig | None = None,
-        end_id: int | None = None,
-        pad_id: int | None = None,
-        external_draft_tokens_config: ExternalDraftTokensConfig | None = None,
-        client_id: int | None = None,
-    ) -> None:
-        self.input_token_ids = list(input_token_ids)
-        self.max_tokens = max_tokens
-        self.streaming = streaming
-        self.sampling_config = sampling_config or SamplingConfig()
-        self.output_config = output_config or OutputConfig()
-        self.end_id, self.pad_id = end_id, pad_id
-        self.external_draft_tokens_config = external_draft_tokens_config
-        self.client_id = client_id
-
-
-@dataclass
-class Result:
-    is_final: bool
-    output_token_ids: list[list[int]]
-    finish_reasons: list[FinishReason]
-    generation_logits: Any = None
-
-
-@dataclass
-class Response:
-    request_id: int
-    result: Result | None = None
-    error_msg: str = ""
-    client_id: int | None = None
-
-    def has_error(self) -> bool:
-        return bool(self.error_msg)
-
-
-@dataclass
-class KvCacheStats:
-    max_num_blocks: int
-    free_num_blocks: int
-    used_num_blocks: int
-    tokens_per_block: int
-
-
-@dataclass
-class IterationStats:
-    iter: int
-    num_active_requests: int
-    kv_cache_stats: KvCacheStats | None
-
-
 @dataclass
 class _Active:
     """A fetched request after ``validate()``'s edits."""
@@ -267,42 +131,6 @@ class _Active:
     request: Request
     max_new_tokens: int
     drafts: list[int]
-
-
-@dataclass(frozen=True)
-class _Engine:
-    """What the executor reads from ``config.json``."""
-
-    vocab_size: int
-    max_input_len: int
-    max_seq_len: int
-    max_draft_len: int
-    max_num_tokens: int
-    draft_tokens_external: bool
-    paged_context_fmha: bool
-    tokens_per_block: int
-    kv_bytes_per_token: int
-    tp_size: int
-
-    @classmethod
-    def read(cls, path: Path) -> _Engine:
-        config = json.loads((path / "config.json").read_text())
-        pre, build = config["pretrained_config"], config["build_config"]
-        plugin = build.get("plugin_config") or {}
-        mode = build.get("speculative_decoding_mode")
-        layers, heads = int(pre["num_hidden_layers"]), int(pre["num_key_value_heads"])
-        return cls(
-            vocab_size=int(pre["vocab_size"]),
-            max_input_len=int(build["max_input_len"]),
-            max_seq_len=int(build["max_seq_len"]),
-            max_draft_len=int(build.get("max_draft_len") or 0),
-            max_num_tokens=int(build.get("max_num_tokens") or 8192),
-            draft_tokens_external=mode in (2, "DRAFT_TOKENS_EXTERNAL", "draft_tokens_external"),
-            paged_context_fmha=bool(plugin.get("use_paged_context_fmha", False)),
-            tokens_per_block=int(plugin.get("tokens_per_block") or 32),
-            kv_bytes_per_token=layers * heads * int(pre["head_size"]) * 2 * 2,  # K and V, 16-bit
-            tp_size=int(pre.get("mapping", {}).get("tp_size", 1)),
-        )
 
 
 class Executor:
@@ -561,96 +389,4 @@ class Executor:
         return out
 
 
-def _model(path: Path, vocab_size: int) -> TorchEngine:
-    """The tiny model named by ``standin.json``: random weights of ``seed``, plus ``noise`` times the
-    random weights of ``noise_seed`` when given (a draft that agrees with its target often, not always)."""
-    spec = json.loads((path / "standin.json").read_text())
-    key = json.dumps({**spec, "vocab": vocab_size}, sort_keys=True)
-    if key not in ENGINES:
-        args = tiny_args(vocab_size=vocab_size)
-        state = random_state_dict(args, int(spec["seed"]))
-        if spec.get("noise"):
-            noise = random_state_dict(args, int(spec["noise_seed"]))
-            state = {name: w + float(spec["noise"]) * noise[name] for name, w in state.items()}
-        ENGINES[key] = TorchEngine.from_state_dict(args, state, num_blocks=4096, block_size=8)
-    return ENGINES[key]
-
-
 _seq_ids = itertools.count(1)
-
-
-def write_engine(
-    path: Path,
-    *,
-    vocab_size: int,
-    seed: int,
-    spec_mode: object = 1,
-    max_draft_len: int = 0,
-    weights_bytes: int = 0,
-    noise: float = 0.0,
-    noise_seed: int = 7,
-    **overrides: Any,
-) -> Path:
-    """An engine directory: TensorRT-LLM's config.json schema, a ``rank0.engine`` of
-    ``weights_bytes`` (sparse), and ``standin.json`` naming the tiny model it runs."""
-    path.mkdir(parents=True, exist_ok=True)
-    config = engine_config(
-        vocab_size=vocab_size, spec_mode=spec_mode, max_draft_len=max_draft_len, **overrides
-    )
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    with (path / "rank0.engine").open("wb") as engine_file:
-        engine_file.truncate(weights_bytes)
-    model = {"seed": seed, "noise": noise, "noise_seed": noise_seed} if noise else {"seed": seed}
-    (path / "standin.json").write_text(json.dumps(model))
-    return path
-
-
-def engine_config(
-    *, vocab_size: int = 320, spec_mode: object = 1, max_draft_len: int = 0, **overrides: Any
-) -> dict:
-    """config.json as trtllm-build writes it (EngineConfig.to_dict()) for ``--max_seq_len 1000``:
-    for an external-draft target it writes max_seq_len + max_draft_len (the room for the drafts);
-    ``overrides`` by key path joined with ``__``."""
-    external = spec_mode in (2, "DRAFT_TOKENS_EXTERNAL", "draft_tokens_external")
-    config: dict[str, Any] = {
-        "version": "1.2.1",
-        "pretrained_config": {
-            "architecture": "LlamaForCausalLM",
-            "dtype": "bfloat16",
-            "vocab_size": vocab_size,
-            "hidden_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_size": 16,
-            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
-            "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
-        },
-        "build_config": {
-            "max_batch_size": 64,
-            "max_input_len": 900,
-            "max_seq_len": 1000 + (max_draft_len if external else 0),
-            "max_num_tokens": 8192,
-            "max_beam_width": 1,
-            "kv_cache_type": "PAGED",
-            "gather_generation_logits": False,
-            "speculative_decoding_mode": spec_mode,
-            "max_draft_len": max_draft_len,
-            "plugin_config": {
-                "gemm_plugin": "bfloat16",
-                "gpt_attention_plugin": "auto",
-                "context_fmha": True,
-                "paged_kv_cache": True,
-                "remove_input_padding": True,
-                "use_paged_context_fmha": True,
-                "tokens_per_block": 32,
-            },
-        },
-    }
-    for dotted, value in overrides.items():
-        node = config
-        *parents, leaf = dotted.split("__")
-        for key in parents:
-            node = node[key]
-        node[leaf] = value
-    return config

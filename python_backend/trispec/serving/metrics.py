@@ -3,7 +3,7 @@
 The loop reports cumulative engine totals after every round; counters are advanced by the change
 since the previous report, gauges are set, and the round latency, each request's time to first token
 and each finished request's mean inter-token latency are observed in histograms.
-deploy/grafana/specdec.json charts them (tests/test_deploy.py checks its queries against
+deploy/grafana/specdec.json charts them (tests/test_deploy_dashboard.py checks its queries against
 ``exported_metric_names()``).
 """
 
