@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,12 +33,19 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def e2e_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@contextmanager
+def e2e_server_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The default-config server (admin APIs behind a key file), stopped cleanly after the block."""
     tmp = tmp_path_factory.mktemp("serve")
     srv = start_server(tmp, "--admin-key-file", str(tmp / "admin-key"), keep_admin_key_env=False)
     yield srv
     stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def e2e_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with e2e_server_in(tmp_path_factory) as srv:
+        yield srv
 
 
 def reference(prompts: list[str], k: int, max_tokens: int = MAX_TOKENS) -> list[str]:

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from e2e_server import e2e_server_in
 from openai.types.chat import ChatCompletionMessageParam
 from served import Server, openai_frontend
-from test_server_e2e import server  # noqa: F401 -- the module-scoped server fixture
 from trispec_client import SpecDecClient
 from trispec_client.results import SpeculationStats
 from trispec_openai.chat import ChatTemplate
@@ -34,6 +34,13 @@ PROMPT = "The capital of France is"
 # greedy SmolLM2 keeps counting for hundreds of tokens: a generation that is still running when cut
 LONG_PROMPT = "Count from 1 to 1000: 1, 2, 3, 4, 5,"
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server of this file's own, as the end-to-end files' (``e2e_server_in``)."""
+    with e2e_server_in(tmp_path_factory) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +161,7 @@ def test_usage_sums_choices_and_counts_each_prompt_once(served_tokenizer: Served
 
 # -- against the real server -------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def frontend(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:  # noqa: F811
+def frontend(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with openai_frontend(server.grpc, tmp_path_factory.mktemp("openai") / "frontend.log") as url:
         yield url
 
@@ -172,7 +179,7 @@ def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
 
 
 @pytest.mark.server
-def test_completion_is_tritons_text_streamed_or_not(server: Server, client: openai.OpenAI) -> None:  # noqa: F811
+def test_completion_is_tritons_text_streamed_or_not(server: Server, client: openai.OpenAI) -> None:
     want = (
         SpecDecClient(server.grpc, timeout_s=120)
         .generate(PROMPT, max_tokens=16, exclude_input_in_output=True)
@@ -221,7 +228,7 @@ def test_penalties_reach_the_model(client: openai.OpenAI) -> None:
 
 @pytest.mark.server
 def test_chat_uses_the_models_template(
-    server: Server,  # noqa: F811
+    server: Server,
     client: openai.OpenAI,
     served_tokenizer: ServedTokenizer,
 ) -> None:
@@ -342,7 +349,7 @@ def test_malformed_bodies_are_400_in_openai_shape(frontend: str) -> None:
 @pytest.mark.server
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_going_away_cancels_the_triton_request(
-    server: Server,  # noqa: F811
+    server: Server,
     client: openai.OpenAI,
     stream: bool,
 ) -> None:

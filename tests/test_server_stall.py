@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from e2e_server import StreamResult, grpc_stream
 from served import Server, start_server, stop_server, wait_for
-from test_server_e2e import StreamResult, grpc_stream
 from trispec.serving.tritonserver import StubProcess, find_stubs
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 
 import pytest
+from e2e_server import e2e_server_in
 from served import BIN, Server
-from test_server_e2e import server  # noqa: F401 -- the module-scoped server fixture
 from trispec_client import soak
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server of this file's own, as the end-to-end files' (``e2e_server_in``)."""
+    with e2e_server_in(tmp_path_factory) as srv:
+        yield srv
 
 
 def run_soak(srv: Server, *args: str, timeout_s: float = 600) -> tuple[int, dict[str, object], str]:
@@ -25,7 +33,7 @@ def failed(report: dict[str, object]) -> list[dict[str, object]]:
     return [c for c in report["checks"] if c["passed"] is False]  # type: ignore[union-attr,index]
 
 
-def test_short_soak_passes_on_a_healthy_server(server: Server) -> None:  # noqa: F811
+def test_short_soak_passes_on_a_healthy_server(server: Server) -> None:
     code, report, stderr = run_soak(server, "--short")
     assert code == 0 and report["passed"], (failed(report), stderr[-2000:])
     phases = {c["phase"] for c in report["checks"]}  # type: ignore[union-attr,index]
@@ -37,7 +45,7 @@ def test_short_soak_passes_on_a_healthy_server(server: Server) -> None:  # noqa:
     assert server.ready()
 
 
-def test_a_failing_check_fails_the_run(server: Server) -> None:  # noqa: F811
+def test_a_failing_check_fails_the_run(server: Server) -> None:
     # the same phase with a first-token bound no server meets: the check and the exit status say so
     code, report, _ = run_soak(
         server, "--phases", "overload", "--burst", "2", "--burst-max-tokens", "4",

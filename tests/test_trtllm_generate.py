@@ -14,8 +14,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_trtllm import write_hf
 from tiny import TINY_VOCAB, ascii_tokenizer, reference_greedy
+from trtllm_files import write_hf
 from trtllm_standin_engine import write_engine
 
 TESTS = Path(__file__).parent

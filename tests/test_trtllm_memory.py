@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_trtllm import trtllm_yaml, write_hf
 from tiny import TINY_VOCAB
 from trispec.config import load_config
 from trispec.errors import ConfigError
 from trispec.runners import trtllm_setup
 from trispec.runners.trtllm_executor import TrtllmUnavailable, worker_executable
 from trispec.runners.trtllm_setup import start_runner
+from trtllm_files import trtllm_yaml, write_hf
 from trtllm_standin_engine import write_engine
 
 GiB = 2**30

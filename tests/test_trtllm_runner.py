@@ -18,7 +18,7 @@ from trispec.errors import InvalidInputError
 from trispec.request import GenerationRequest
 from trispec.runners.trtllm_engines import read_engine
 from trispec.sequence import FinishReason
-from trtllm_files import trtllm_yaml, write_hf
+from trtllm_files import drain, engine_over, trtllm_yaml, write_hf
 from trtllm_standin_engine import write_engine
 
 
@@ -46,23 +46,6 @@ def stand_in_runner(tmp: Path, *, target_draft_len: int = 8, ngram: bool = False
     )
 
 
-def engine_over(runner):  # type: ignore[no-untyped-def]
-    from trispec.config import SchedulerConfig
-    from trispec.detokenize import StopTextTracker
-    from trispec.llm_engine import LLMEngine
-    from trispec.scheduler import Scheduler
-
-    tok = byte_tokenizer()
-    sched = Scheduler(
-        runner,
-        SchedulerConfig(adaptive_speculation=False),
-        encode=tok.encode,
-        make_text_tracker=lambda stop: StopTextTracker(tok, stop),
-        eos_ids=frozenset(),
-    )
-    return LLMEngine(sched, runner)
-
-
 def test_no_empty_draft_is_ever_sent(tmp_path: Path, trtllm_bindings) -> None:  # type: ignore[no-untyped-def]
     llm = engine_over(stand_in_runner(tmp_path, ngram=True))
     for prompt in ("abababababab", "xyz", "hello hello hello"):  # n-gram finds drafts for some only
@@ -76,14 +59,6 @@ def test_no_empty_draft_is_ever_sent(tmp_path: Path, trtllm_bindings) -> None:  
     assert all(r.max_tokens == len(r.external_draft_tokens_config.tokens) + 1 for r in with_draft)
     assert all(r.max_tokens == 1 for r in plain)
     assert all(r.output_config.exclude_input_from_output for r in sent)
-
-
-def drain(llm) -> dict:  # type: ignore[no-untyped-def]
-    outputs: dict[int, list] = {}
-    while llm.has_work():
-        for out in llm.step():
-            outputs.setdefault(out.request_id, []).append(out)
-    return outputs
 
 
 def test_too_many_drafts_fail_that_request_and_the_runner_never_sends_them(

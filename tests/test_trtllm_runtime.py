@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trtllm import drain, engine_over
 from tiny import TINY_VOCAB, reference_greedy, tiny_engine, tokens_of
 from trispec.drafters.ngram import NgramDrafter
 from trispec.engine.base import ForwardInput
@@ -25,6 +24,7 @@ from trispec.runners.trtllm_runner import TrtllmSpecRunner
 from trispec.runners.trtllm_sampling import TOP_K_MAX, sampling_config_kwargs
 from trispec.sampling_params import SamplingParams
 from trispec.sequence import FinishReason
+from trtllm_files import drain, engine_over
 from trtllm_standin_engine import write_engine
 
 

@@ -1,6 +1,6 @@
-"""Files the TensorRT-LLM tests (``test_trtllm_*.py``) write: a target/draft pair of stand-in engine
-directories, a Hugging Face folder of tiny random weights, and a YAML config for ``engine.kind:
-trtllm``.
+"""What the TensorRT-LLM tests (``test_trtllm_*.py``) share: the files they write (a target/draft pair
+of stand-in engine directories, a Hugging Face folder of tiny random weights, a YAML config for
+``engine.kind: trtllm``) and an LLM engine over a runner, drained to its outputs.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from safetensors.torch import save_file
-from tiny import ascii_tokenizer, tiny_args
+from tiny import ascii_tokenizer, byte_tokenizer, tiny_args
 from trispec.engine.random_weights import random_state_dict
 from trispec.runners.trtllm_engines import read_engine
 from trtllm_standin_engine import engine_config
@@ -57,3 +57,28 @@ def trtllm_yaml(tmp: Path, drafter: str, trtllm: str = "", scheduler: str = "") 
         f"scheduler: {{max_num_draft_tokens: 4, default_num_draft_tokens: 4{scheduler}}}\n"
     )
     return path
+
+
+def engine_over(runner):  # type: ignore[no-untyped-def]
+    from trispec.config import SchedulerConfig
+    from trispec.detokenize import StopTextTracker
+    from trispec.llm_engine import LLMEngine
+    from trispec.scheduler import Scheduler
+
+    tok = byte_tokenizer()
+    sched = Scheduler(
+        runner,
+        SchedulerConfig(adaptive_speculation=False),
+        encode=tok.encode,
+        make_text_tracker=lambda stop: StopTextTracker(tok, stop),
+        eos_ids=frozenset(),
+    )
+    return LLMEngine(sched, runner)
+
+
+def drain(llm) -> dict:  # type: ignore[no-untyped-def]
+    outputs: dict[int, list] = {}
+    while llm.has_work():
+        for out in llm.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    return outputs
