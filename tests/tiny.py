@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -126,7 +127,14 @@ def model_drafter(seed: int = 0, **kw: object) -> ModelDrafter:
 
 def reference_greedy(prompt: list[int], max_tokens: int, seed: int = 0) -> list[int]:
     """Target-only greedy decoding, one token per forward, on a fresh tiny engine: the reference
-    that speculative output must equal, independent of the scheduler and the runner."""
+    that speculative output must equal, independent of the scheduler and the runner. A pure function
+    of its arguments, so each is computed once per process (a fresh engine and its decode cost more
+    than a second of CPU, and the suite asks for the same references hundreds of times)."""
+    return list(_reference_greedy(tuple(prompt), max_tokens, seed))
+
+
+@functools.cache
+def _reference_greedy(prompt: tuple[int, ...], max_tokens: int, seed: int) -> tuple[int, ...]:
     engine = tiny_engine(seed)
     engine.add_sequence(0, len(prompt) + max_tokens)
     logits = engine.forward([ForwardInput(0, prompt, 1)])[0]
@@ -134,7 +142,7 @@ def reference_greedy(prompt: list[int], max_tokens: int, seed: int = 0) -> list[
     for _ in range(max_tokens):
         out.append(int(torch.argmax(logits[-1])))
         logits = engine.forward([ForwardInput(0, out[-1:], 1)])[0]
-    return out
+    return tuple(out)
 
 
 def run_to_completion(llm: LLMEngine, max_steps: int = 10_000) -> dict[int, list[RequestOutput]]:
