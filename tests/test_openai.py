@@ -358,3 +358,155 @@ def test_client_going_away_cancels_the_triton_request(
     while server.metric_or_zero("specdec_requests_total", finish_reason="cancelled") <= before:
         assert time.monotonic() < deadline, "the request was not cancelled in the model"
         time.sleep(0.2)
+
+
+# -- structured output and tools (docs/openai.md#structured-output) ------------------------------
+CITY = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "population": {"type": "integer", "minimum": 0},
+    },
+    "required": ["city", "population"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+CITY_FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+
+
+def test_structure_of_maps_response_format_and_tools() -> None:
+    from trispec_openai.structured import structure_of
+
+    assert structure_of({"type": "text"}, None, None, "").guide_type is None
+    guided = structure_of(CITY_FORMAT, None, None, "")
+    assert (guided.guide_type, json.loads(guided.guide or "")) == ("json_schema", CITY)
+    required = structure_of(None, [WEATHER], "required", "")
+    assert required.param == "tools" and required.tools is not None and required.tools.mode == "wrapped"
+    named = structure_of(None, [WEATHER], {"type": "function", "function": {"name": "get_weather"}}, "")
+    assert json.loads(named.guide or "") == WEATHER["function"]["parameters"]  # type: ignore[index]
+    assert named.tools is not None and named.tools.calls('{"city":"Oslo","unit":"c"}')[0]["function"] == {  # type: ignore[index]
+        "name": "get_weather",
+        "arguments": '{"city": "Oslo", "unit": "c"}',
+    }
+    assert structure_of(None, [WEATHER], "auto", "{{ '<tool_call>' }}").tools.mode == "tagged"  # type: ignore[union-attr]
+    for format_, tools, choice, param in (
+        ({"type": "xml"}, None, None, "response_format"),
+        (None, [WEATHER], "auto", "tool_choice"),  # SmolLM2's template has no tool calls
+        (None, [WEATHER], {"type": "function", "function": {"name": "nope"}}, "tool_choice"),
+        (None, [{"type": "function"}], "required", "tools"),
+        (None, None, "required", "tool_choice"),
+    ):
+        with pytest.raises(OpenAIError) as refused:
+            structure_of(format_, tools, choice, "")
+        assert refused.value.status == 400 and refused.value.param == param
+
+
+@pytest.mark.server
+def test_response_format_json_schema_validates_whatever_k_and_streamed(client: openai.OpenAI) -> None:
+    import jsonschema
+
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "The capital of France as JSON with city and population."}
+    ]
+    texts = []
+    for k in (0, 4, 8):
+        answer = client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=60,
+            response_format=CITY_FORMAT,  # type: ignore[arg-type]
+            extra_body={"num_draft_tokens": k},
+        )
+        texts.append(answer.choices[0].message.content)
+        assert answer.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=60,
+        response_format=CITY_FORMAT,
+        stream=True,  # type: ignore[arg-type]
+    )
+    texts.append("".join(c.choices[0].delta.content or "" for c in streamed if c.choices))
+    assert len(set(texts)) == 1, texts
+    jsonschema.validate(json.loads(texts[0] or ""), CITY)
+    as_object = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=60,
+        response_format={"type": "json_object"},
+        seed=3,
+        temperature=0.7,
+    )
+    if as_object.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(as_object.choices[0].message.content or ""), dict)
+    cut = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=3, response_format=CITY_FORMAT
+    )  # type: ignore[arg-type]
+    assert cut.choices[0].finish_reason == "length"
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("stream", [False, True])
+def test_tools_come_back_as_tool_calls(client: openai.OpenAI, stream: bool) -> None:
+    import jsonschema
+
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Weather in Paris, in celsius?"}
+    ]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        kw = {
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": 60,
+            "tools": [WEATHER],
+            "tool_choice": choice,
+        }
+        if not stream:
+            message = client.chat.completions.create(**kw).choices[0]  # type: ignore[call-overload]
+            calls, reason = message.message.tool_calls, message.finish_reason
+            name, arguments = calls[0].function.name, calls[0].function.arguments
+        else:
+            name, arguments, reason = "", "", None
+            for chunk in client.chat.completions.create(**kw, stream=True):  # type: ignore[call-overload]
+                for piece in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                    name += piece.function.name or ""
+                    arguments += piece.function.arguments or ""
+                reason = (chunk.choices[0].finish_reason if chunk.choices else None) or reason
+        assert (name, reason) == ("get_weather", "tool_calls")
+        jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])  # type: ignore[index]
+
+
+@pytest.mark.server
+def test_bad_guides_are_refused_naming_the_field(server: Server, client: openai.OpenAI) -> None:  # noqa: F811
+    from test_server_e2e import grpc_stream
+
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nosuch"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, response_format=bad)  # type: ignore[arg-type]
+    assert refused.value.body["param"] == "response_format" and "nosuch" in refused.value.message  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER], tool_choice="auto")  # type: ignore[list-item]
+    assert refused.value.body["param"] == "tool_choice"  # type: ignore[index]
+    # NVIDIA's tensors through plain tritonclient: a regex shapes the text, a bad one is refused
+    year = grpc_stream(
+        server,
+        "The year after 2024 is",
+        guided_decoding_guide_type=["regex"],
+        guided_decoding_guide=[r"[0-9]{4}"],
+        max_tokens=10,
+    )
+    assert year.error is None and len(year.text) == 4 and year.text.isdigit(), year
+    broken = grpc_stream(server, "x", guided_decoding_guide_type=["regex"], guided_decoding_guide=["a[b"])
+    assert broken.error is not None and "guided_decoding_guide: invalid regex" in str(broken.error)

@@ -38,7 +38,7 @@ def verify_round(
         for s, d, rows in zip(decodes, drafts, logits, strict=True)
     ]
     drafts = list(drafts)
-    ended = _apply_masks(shaped, drafts, masks) if masks is not None else set()
+    ended = _apply_masks(decodes, shaped, drafts, masks) if masks is not None else set()
     accepted: list[AcceptResult | None] = [None] * len(decodes)
     for i in ended:
         accepted[i] = AcceptResult(num_accepted=0, tokens=[])
@@ -78,7 +78,10 @@ def verify_round(
 
 
 def _apply_masks(
-    shaped: list[torch.Tensor], drafts: list[DraftProposal], masks: Sequence[torch.Tensor | None]
+    decodes: Sequence[SeqStep],
+    shaped: list[torch.Tensor],
+    drafts: list[DraftProposal],
+    masks: Sequence[torch.Tensor | None],
 ) -> set[int]:
     """Mask guided rows in place; returns the sequences whose first row allows nothing. A later row
     that allows nothing (a draft led the grammar into a dead end) cuts the drafts before that draft:
@@ -88,7 +91,9 @@ def _apply_masks(
         if mask is None:
             continue
         rows = mask_rows(shaped[i], mask)
-        alive = torch.isfinite(rows).any(dim=-1).tolist()
+        # a row is dead where the grammar allows nothing, or the request's rules forbade all it allows
+        ruled = decodes[i].sampling.shapes_logits
+        alive = (torch.isfinite(rows).any(dim=-1) if ruled else mask[: rows.shape[0]].any(dim=-1)).tolist()
         dead = next((j for j, ok in enumerate(alive) if not ok), len(alive))
         if dead == 0:
             ended.add(i)

@@ -84,7 +84,7 @@ class Intake:
         if request.prompt_token_ids is None and (not isinstance(request.prompt, str) or not request.prompt):
             raise InvalidInputError("prompt", "must be a non-empty string")
         # on the caller's thread, never the step loop's: a bad guide is refused before admission
-        grammar = self._compile(request)
+        grammar = self.compile_guide(request)
         if tokenize_later and request.prompt_token_ids is None:
             with self._lock:
                 seq_id = next(self._ids)
@@ -96,7 +96,8 @@ class Intake:
             self._inbox.append(seq)
         return seq.seq_id
 
-    def _compile(self, request: GenerationRequest) -> CompiledGrammar | None:
+    def compile_guide(self, request: GenerationRequest) -> CompiledGrammar | None:
+        """A guided request's compiled grammar (None unguided); raises ``InvalidInputError``."""
         if request.guide is None:
             return None
         if self.grammars is None:
