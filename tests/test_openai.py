@@ -505,6 +505,7 @@ def test_bad_guides_are_refused_naming_the_field(server: Server, client: openai.
         "The year after 2024 is",
         guided_decoding_guide_type=["regex"],
         guided_decoding_guide=[r"[0-9]{4}"],
+        exclude_input_in_output=True,
         max_tokens=10,
     )
     assert year.error is None and len(year.text) == 4 and year.text.isdigit(), year

@@ -44,6 +44,8 @@ What it does, each from the source:
   expected with draft tokens, only the first accepted + 1 compared); drafts are verified in the step
   of the last context chunk (runtime buffers ``setBufferSizes``: "isLastContextChunk() ?
   getNumDraftTokens() : 0"), which here is the only one;
+* guided decoding as ``trtllm_standin_guided`` says: the config at executor creation, the params per
+  request, the first logits row of a step masked and the step's last token accepted;
 * unset top_k / top_p are greedy whatever the temperature, the default seed is 0
   (``trtllm_standin_decoding.runtime_sampling``); acceptance as in
   ``trtllm_standin_decoding.verify_external_drafts``;
@@ -77,6 +79,7 @@ from trispec.engine.base import ForwardInput
 from trispec.engine.torch_engine import TorchEngine
 from trispec.engine.weights import random_state_dict
 from trtllm_standin_decoding import draw, runtime_sampling, target_probs, verify_external_drafts
+from trtllm_standin_guided import GuidedDecodingConfig, GuidedDecodingParams, Matcher
 
 ENGINES: dict[str, TorchEngine] = {}  # one tiny model per stand-in engine, shared by executors
 GiB = 2**30
@@ -156,6 +159,7 @@ class ExecutorConfig:
     max_num_tokens: int | None = None
     parallel_config: ParallelConfig | None = None
     gather_generation_logits: bool = False
+    guided_decoding_config: GuidedDecodingConfig | None = None
 
 
 @dataclass
@@ -215,7 +219,9 @@ class Request:
         pad_id: int | None = None,
         external_draft_tokens_config: ExternalDraftTokensConfig | None = None,
         client_id: int | None = None,
+        guided_decoding_params: GuidedDecodingParams | None = None,
     ) -> None:
+        self.guided_decoding_params = guided_decoding_params
         self.input_token_ids = list(input_token_ids)
         self.max_tokens = max_tokens
         self.streaming = streaming
@@ -516,8 +522,11 @@ class Executor:
         sid = -next(_seq_ids)
         self.model.add_sequence(sid, len(prompt) + len(drafts) + active.max_new_tokens + 1)
         rows: list[torch.Tensor] = []
+        guided = self._matcher(request)
         try:
             logits = self.model.forward([ForwardInput(sid, [*prompt, *drafts], len(drafts) + 1)])[0]
+            if guided is not None:  # one row per request is masked: the first (trtllm_standin_guided)
+                logits = torch.cat([guided.mask(logits[0])[None], logits[1:].float()])
             if drafts:
                 step = verify_external_drafts(
                     drafts,
@@ -540,7 +549,11 @@ class Executor:
                 new, ended = [], False
             while not ended and len(new) < active.max_new_tokens and (Executor.decodes_on or not drafts):
                 if new or drafts:
+                    if guided is not None:  # the step's last token only reaches the matcher
+                        guided.accept(new[-1])
                     logits = self.model.forward([ForwardInput(sid, [new[-1]], 1)])[0]
+                    if guided is not None:
+                        logits = guided.mask(logits[-1])[None]
                 rows.append(logits[-1])
                 token = draw(target_probs(logits[-1], sampling, engine.vocab_size), generator)
                 if token == request.end_id:
@@ -551,6 +564,12 @@ class Executor:
             self.model.free(sid)
         reason = FinishReason.END_ID if ended else FinishReason.LENGTH
         return new, reason, self._generation_logits(request, rows)
+
+    def _matcher(self, request: Request) -> Matcher | None:
+        config, params = self.config.guided_decoding_config, request.guided_decoding_params
+        if config is None or params is None:  # without a guided decoder the params are not read
+            return None
+        return Matcher(config, params, self.engine.vocab_size)
 
     def _generation_logits(self, request: Request, rows: list[torch.Tensor]) -> Any:
         if not request.output_config.return_generation_logits:

@@ -33,6 +33,8 @@ GUIDE_END_TOKEN = "<|guided_end|>"
 class CompiledGrammar:
     digest: str
     kind: str
+    # what was asked (a runtime with its own grammar engine, TensorRT-LLM's, is sent this)
+    guide: Guide = field(compare=False, repr=False)
     # a fresh matcher at the grammar's start; each sequence takes a deep copy
     template: llguidance.LLMatcher = field(compare=False, repr=False)
     tokenizer: llguidance.LLTokenizer = field(compare=False, repr=False)
@@ -108,7 +110,7 @@ class GrammarCompiler:
         template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if template.is_error():
             raise InvalidInputError(guide.field, f"invalid {guide.kind}: {template.get_error().strip()}")
-        compiled = CompiledGrammar(digest, guide.kind, template, self.tokenizer)
+        compiled = CompiledGrammar(digest, guide.kind, guide, template, self.tokenizer)
         with self._lock:
             self.compiled += 1
             self._cache[digest] = compiled
