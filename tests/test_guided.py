@@ -286,3 +286,13 @@ def test_rejection_rule_guided_answers_validate() -> None:
     outs = run_to_completion(llm)
     for rid, schema in zip(ids, SCHEMAS):
         jsonschema.validate(json.loads("".join(o.new_text for o in outs[rid])), schema)
+
+
+def test_a_tokenizer_llguidance_cannot_read_refuses_guided_requests_only() -> None:
+    from tiny import ascii_tokenizer
+
+    llm = spec_engine(tiny_engine(0), None, tokenizer=ascii_tokenizer())
+    with pytest.raises(InvalidInputError, match="not available with this model's tokenizer"):
+        llm.add_request(GenerationRequest(prompt="go", guide=Guide("regex", "a+")))
+    rid = llm.add_request(GenerationRequest(prompt="go", max_tokens=3))
+    assert len(tokens_of(run_to_completion(llm)[rid])) == 3

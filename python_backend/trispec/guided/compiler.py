@@ -89,14 +89,34 @@ class GrammarCompiler:
         vocab_size: int,
         cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> None:
-        self.tokenizer = llg_tokenizer(backend, eos_ids, vocab_size)
+        self._backend, self._eos_ids = backend, eos_ids
+        self._tokenizer: Any = None  # llguidance's view of it, made on the first guided request
+        self._unusable: str | None = None
         self.vocab_size = vocab_size
         self.cache_size = cache_size
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self.compiled = 0  # compilations done (cache misses), for tests and metrics
 
+    @property
+    def tokenizer(self) -> Any:
+        """llguidance's tokenizer (~0.4 s for a 49k vocabulary, once); raises ``InvalidInputError`` where
+        llguidance cannot read ours: then guided requests are refused, nothing else changes."""
+        with self._lock:
+            if self._tokenizer is None and self._unusable is None:
+                try:
+                    self._tokenizer = llg_tokenizer(self._backend, self._eos_ids, self.vocab_size)
+                except (ValueError, RuntimeError) as exc:
+                    self._unusable = str(exc)
+            if self._unusable is not None:
+                raise InvalidInputError(
+                    "guided_decoding_guide",
+                    f"guided decoding is not available with this model's tokenizer ({self._unusable})",
+                )
+            return self._tokenizer
+
     def compile(self, guide: Guide) -> CompiledGrammar:
+        tokenizer = self.tokenizer
         digest = guide.digest
         with self._lock:
             hit = self._cache.get(digest)
@@ -104,13 +124,13 @@ class GrammarCompiler:
                 self._cache.move_to_end(digest)
                 return hit
         grammar = grammar_text(guide)
-        error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
             raise InvalidInputError(guide.field, f"invalid {guide.kind}: {error.strip()}")
-        template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if template.is_error():
             raise InvalidInputError(guide.field, f"invalid {guide.kind}: {template.get_error().strip()}")
-        compiled = CompiledGrammar(digest, guide.kind, guide, template, self.tokenizer)
+        compiled = CompiledGrammar(digest, guide.kind, guide, template, tokenizer)
         with self._lock:
             self.compiled += 1
             self._cache[digest] = compiled
