@@ -93,7 +93,10 @@ def _apply_masks(
         rows = mask_rows(shaped[i], mask)
         # a row is dead where the grammar allows nothing, or the request's rules forbade all it allows
         ruled = decodes[i].sampling.shapes_logits
-        alive = (torch.isfinite(rows).any(dim=-1) if ruled else mask[: rows.shape[0]].any(dim=-1)).tolist()
+        if ruled:
+            alive = torch.isfinite(rows).any(dim=-1).tolist()
+        else:  # numpy: one small torch op per sequence costs a thread-pool wake-up on a busy machine
+            alive = mask.numpy()[: rows.shape[0]].any(axis=1).tolist()
         dead = next((j for j, ok in enumerate(alive) if not ok), len(alive))
         if dead == 0:
             ended.add(i)

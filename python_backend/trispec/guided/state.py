@@ -30,6 +30,9 @@ class GrammarState:
         self.compiled = compiled
         self.matcher = compiled.new_matcher()
         self.grammar_end_ids = list(compiled.tokenizer.eos_tokens)
+        self.grammar_end_ids_in_vocab = [i for i in self.grammar_end_ids if i < vocab_size]
+        # bits to unpack: the vocabulary, and the grammar's end ids past it (an added end token)
+        self._unpack = max([vocab_size, *(i + 1 for i in self.grammar_end_ids)])
         self.end_ids = sorted(i for i in sampling.end_ids if i < vocab_size)
         self.prompt_len = sampling.prompt_len
         self.vocab_size = vocab_size
@@ -64,7 +67,7 @@ class GrammarState:
             return []
         return [t for t in self.matcher.compute_ff_tokens()[:limit] if t < self.vocab_size]
 
-    def allowed_after(self, pending: Sequence[int]) -> torch.Tensor | None:
+    def allowed_after(self, pending: Sequence[int]) -> np.ndarray | None:
         """``[V]`` bool: the tokens allowed after the verified tokens and ``pending``; None when the
         grammar does not allow ``pending`` itself."""
         pending = [int(t) for t in pending]
@@ -82,21 +85,22 @@ class GrammarState:
         """A drafter's row ``[1, V]`` masked as the verifier will mask the target's at that position
         (left as it is where nothing is allowed: that draft is cut before the verify anyway)."""
         allowed = self.allowed_after(pending)
-        if allowed is None or not bool(allowed.any()):
+        if allowed is None or not allowed.any():
             return logits
-        return logits.masked_fill(~allowed, -math.inf)
+        return logits.masked_fill(torch.from_numpy(~allowed), -math.inf)
 
     def check_drafts(self, drafts: Sequence[int]) -> tuple[int, torch.Tensor]:
         """How many of ``drafts`` in a row the grammar allows, and the verify rows' masks for them:
         ``[n + 1, V]``, row ``i`` what may follow the first ``i`` drafts. An allowed end id is the
-        last draft kept (the row after it is never used: all allowed)."""
+        last draft kept (the row after it is never used: all allowed). Built in numpy: a handful of
+        tiny torch ops per row cost more than the grammar on a busy machine (thread-pool wake-ups)."""
         rows = [self._allowed()]
         consumed = 0
         for token in map(int, drafts):
-            if not bool(rows[-1][token]):
+            if not rows[-1][token]:
                 break
             if token in self.end_ids:
-                rows.append(torch.ones(self.vocab_size, dtype=torch.bool))
+                rows.append(np.ones(self.vocab_size, dtype=bool))
                 break
             if not self.matcher.consume_token(token):  # allowed by the mask: never expected
                 break
@@ -104,18 +108,16 @@ class GrammarState:
             rows.append(self._allowed())
         if consumed:
             self.matcher.rollback(consumed)
-        return len(rows) - 1, torch.stack(rows)
+        return len(rows) - 1, torch.from_numpy(np.stack(rows))
 
-    def _allowed(self) -> torch.Tensor:
+    def _allowed(self) -> np.ndarray:
         if self.matcher.is_error():
-            return torch.zeros(self.vocab_size, dtype=torch.bool)
+            return np.zeros(self.vocab_size, dtype=bool)
         raw = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        bits = np.unpackbits(raw, bitorder="little").astype(bool)
-        end_allowed = any(bits[i] for i in self.grammar_end_ids if i < len(bits))
-        bits[self.grammar_end_ids] = False
-        mask = torch.from_numpy(bits[: self.vocab_size].copy())
-        if len(mask) < self.vocab_size:
-            mask = torch.cat([mask, torch.zeros(self.vocab_size - len(mask), dtype=torch.bool)])
+        bits = np.unpackbits(raw, bitorder="little", count=self._unpack).view(bool)
+        end_allowed = bool(bits[self.grammar_end_ids].any()) if self.grammar_end_ids else False
+        mask = bits[: self.vocab_size].copy()
+        mask[self.grammar_end_ids_in_vocab] = False
         mask[self.end_ids] = end_allowed
         return mask
 
