@@ -2,7 +2,7 @@
 1, one row: the draft's decode; five rows: a verify, not in the tiny run) launches, unfused and
 fused, and how many of them per decoder layer:
 
-* ``counted``: what the step's code issues, counted on any device by ``engine/launch_count.py`` (the
+* ``counted``: what the step's code issues, counted on any device by ``engine/gpu/launch_count.py`` (the
   CPU run prints these);
 * ``profiled`` (CUDA only): the kernels the torch profiler sees on the device for the same step, run
   eagerly (a graph replays exactly these), split per layer at the attention kernels.
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from trispec.engine.cuda_graphs import SeqRows, StepGraphs
-from trispec.engine.launch_count import LaunchCounter, per_layer
+from trispec.engine.gpu.cuda_graphs import SeqRows, StepGraphs
+from trispec.engine.gpu.launch_count import LaunchCounter, per_layer
 from trispec.engine.torch_engine import TorchEngine
 
 

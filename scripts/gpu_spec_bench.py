@@ -68,8 +68,8 @@ import torch  # noqa: E402
 from trispec.drafters.model_drafter import ModelDrafter  # noqa: E402
 from trispec.engine.args import ModelArgs  # noqa: E402
 from trispec.engine.base import ForwardInput  # noqa: E402
-from trispec.engine.cuda_graphs import SeqRows, StepGraphs  # noqa: E402
-from trispec.engine.static_attention import reference_paged_attention  # noqa: E402
+from trispec.engine.gpu.cuda_graphs import SeqRows, StepGraphs  # noqa: E402
+from trispec.engine.gpu.static_attention import reference_paged_attention  # noqa: E402
 from trispec.engine.torch_engine import TorchEngine  # noqa: E402
 from trispec.sampling_params import SamplingParams  # noqa: E402
 
@@ -179,7 +179,7 @@ def copy_ceiling(b: Bench) -> float:
 
 
 def kernel_check(b: Bench) -> None:
-    from trispec.engine.triton_attention import paged_attention, splits_for
+    from trispec.engine.gpu.triton_attention import paged_attention, splits_for
 
     BS, D = 16, (16 if b.tiny else 128)
     g = torch.Generator(device=b.device).manual_seed(0)
