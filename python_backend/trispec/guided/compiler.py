@@ -53,7 +53,29 @@ def llg_tokenizer(backend: tokenizers.Tokenizer, eos_ids: frozenset[int], vocab_
         tokenizer.add_special_tokens([GUIDE_END_TOKEN])
         eos = [tokenizer.token_to_id(GUIDE_END_TOKEN)]
     n_vocab = max(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))
-    return llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=n_vocab, eos_token=eos)
+    try:
+        return llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=n_vocab, eos_token=eos)
+    except ValueError:  # a decoder llguidance does not read (e.g. Fuse): each token's own text then
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenTexts(tokenizer, n_vocab, eos)))
+
+
+class _TokenTexts:
+    """A tokenizer as llguidance's generic interface sees it: every id's bytes (its decoded text; ids
+    past the tokenizer's are empty, never allowed) and encoding."""
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer, n_vocab: int, eos: list[int]) -> None:
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.tokens = [
+            tokenizer.decode([i], skip_special_tokens=False).encode() if i < size else b""
+            for i in range(n_vocab)
+        ]
+        self.eos_token_id = eos[0]
+        self.bos_token_id = None
+        self.special_token_ids = list(eos)
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
 
 
 def grammar_text(guide: Guide) -> str:
