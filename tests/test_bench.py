@@ -320,3 +320,22 @@ def test_sampled_arms_give_plains_tokens_under_the_coupled_rule(
 def test_bad_sampling_flags_are_refused_before_loading() -> None:
     with pytest.raises(SystemExit, match="--top-p"):
         main(["--temperature", "0.7", "--top-p", "1.5"])
+
+
+@pytest.mark.parametrize("grammar_drafts", [True, False])
+def test_main_runs_the_json_workload_guided_and_unguided(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], grammar_drafts: bool
+) -> None:
+    """Schema-guided prompts (json) and the same unguided (json_free): every arm, plain's tokens."""
+    argv = ["--config", str(tiny_pair(tmp_path, same_weights=False)), "--workloads", "json,json_free"]
+    argv += ["--concurrency", "1", "--k", "2", "--drafters", "model", "--arms", "fixed", "--num-prompts", "2"]
+    argv += ["--max-tokens", "24", "--json", "--threads", "1"]
+    assert main(argv + ([] if grammar_drafts else ["--no-grammar-drafts"])) == 0
+    runs = [r for r in map(json.loads, capsys.readouterr().out.splitlines()) if r["row"] == "run"]
+    assert [(r["workload"], r["arm"]) for r in runs] == [
+        (w, a) for w in ("json", "json_free", "all") for a in ("plain", "model-k2")
+    ]
+    assert all(r["identical_to_plain"] is True for r in runs if r["arm"] == "model-k2")
+    # unguided requests run to max_tokens (no end ids in the bench); guided ones end with their JSON
+    free = {r["arm"]: r["tokens"] for r in runs if r["workload"] == "json_free"}
+    assert free == {"plain": 2 * 24, "model-k2": 2 * 24}

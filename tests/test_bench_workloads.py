@@ -38,12 +38,28 @@ def test_workloads_load_deterministically(workload: str) -> None:
     first = load(workload, 12, seed=0)
     assert first == load(workload, 12, seed=0)
     assert len(first) == 12 and len(set(first)) == 12
-    kind = {"humaneval": "code", "sharegpt": "chat", "edit": "edit"}[workload]
+    kind = {"humaneval": "code", "sharegpt": "chat", "edit": "edit", "json": "json", "json_free": "json"}[
+        workload
+    ]
     for p in first:
         assert isinstance(p, Prompt)
         assert (p.workload, p.kind) == (workload, kind)
         assert p.text.strip() and p.source
     assert load(workload, 0) == []
+
+
+def test_the_json_workload_is_guided_by_valid_schemas_and_json_free_is_not() -> None:
+    import json
+
+    import jsonschema
+
+    guided, free = load("json", 40), load("json_free", 40)
+    assert [p.text for p in guided] == [p.text for p in free]
+    assert all(p.schema is None for p in free)
+    for p in guided:
+        schema = json.loads(p.schema or "")
+        jsonschema.Draft202012Validator.check_schema(schema)
+        assert p.schema in p.text  # the prompt shows the schema it is held to
 
 
 def test_sharegpt_seed_changes_sample_and_filter_holds(sharegpt_data: None) -> None:

@@ -1,13 +1,12 @@
 """specdec-openai: the OpenAI-compatible endpoint, spoken to with the official ``openai`` client.
 
-The first tests need no server (chat template, request mapping, validation, token splitting, usage).
-The rest start the real tritonserver (``test_server_e2e``'s module fixture) and ``specdec-openai`` as a
-subprocess in front of it, and compare what comes back with what Triton itself answers.
+They start the real tritonserver (``e2e_server_in``) and ``specdec-openai`` as a subprocess in front of
+it, and compare what comes back with what Triton itself answers; the parts that need no server (chat
+template, request mapping, validation, token splitting, usage) are in ``test_openai_mapping``.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import time
 import urllib.error
@@ -16,24 +15,12 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from e2e_server import e2e_server_in
+from e2e_server import e2e_server_in, grpc_stream
 from openai.types.chat import ChatCompletionMessageParam
+from openai_cases import CITY, CITY_FORMAT, LONG_PROMPT, MESSAGES, MODEL, PROMPT, WEATHER
 from served import Server, openai_frontend
 from trispec_client import SpecDecClient
-from trispec_client.results import SpeculationStats
-from trispec_openai.chat import ChatTemplate
-from trispec_openai.choices import Choice, usage
-from trispec_openai.errors import OpenAIError, from_model_message
-from trispec_openai.mapping import jobs
-from trispec_openai.schemas import ChatCompletionRequest, CompletionRequest
 from trispec_openai.tokens import ServedTokenizer
-from trispec_openai.triton import Piece
-
-MODEL = "specdec"
-PROMPT = "The capital of France is"
-# greedy SmolLM2 keeps counting for hundreds of tokens: a generation that is still running when cut
-LONG_PROMPT = "Count from 1 to 1000: 1, 2, 3, 4, 5,"
-MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
@@ -49,116 +36,6 @@ def served_tokenizer() -> ServedTokenizer:
 
 
 # -- without a server ---------------------------------------------------------------------------
-@pytest.mark.real_model
-def test_chat_template_is_the_models_own(served_tokenizer: ServedTokenizer) -> None:
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    rendered = served_tokenizer.chat_template.render(messages)
-    # SmolLM2's template from its GGUF metadata: ChatML with the assistant turn opened
-    assert (
-        rendered
-        == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    )
-    assert rendered == served_tokenizer.tokenizer.apply_chat_template(messages)
-    # no system message: the template adds its own default one
-    assert served_tokenizer.chat_template.render(messages[1:]).startswith("<|im_start|>system\nYou are")
-
-
-def test_chat_template_renders_as_transformers_does() -> None:
-    # loop controls, tojson keeping non-ASCII text, bos/eos and the template's own raise_exception
-    source = (
-        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}"
-        "{% endif %}{% if loop.index > 2 %}{% break %}{% endif %}{{ m | tojson }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<assistant>{% endif %}"
-    )
-    template = ChatTemplate(source, bos_token="<s>", eos_token="</s>")
-    messages = [{"role": "user", "content": "café"}, {"role": "assistant", "content": "a"}, {"role": "user"}]
-    assert template.render(messages) == (
-        '<s>{"role": "user", "content": "café"}\n{"role": "assistant", "content": "a"}\n<assistant>'
-    )
-    with pytest.raises(OpenAIError) as refused:
-        template.render([{"role": "tool", "content": "x"}])
-    assert refused.value.status == 400 and "no tools" in refused.value.message
-
-
-def test_requests_map_to_triton_inputs() -> None:
-    body = CompletionRequest(
-        model=MODEL, prompt=["a", "b"], n=2, seed=7, stop=["x,y", "\n"], max_tokens=5, num_draft_tokens=3
-    )
-    mapped = jobs(body, body.prompts)
-    assert [(j.index, j.prompt_index, j.request.prompt, j.request.seed) for j in mapped] == [
-        (0, 0, "a", 7),
-        (1, 0, "a", 8),
-        (2, 1, "b", 7),
-        (3, 1, "b", 8),
-    ]
-    request = mapped[0].request
-    assert request.stream and request.max_tokens == 5 and request.num_draft_tokens == 3
-    # the model reads each stop_words entry as a CSV row: every stop string must come back whole
-    assert [w for s in request.stop_words for row in csv.reader([s]) for w in row] == ["x,y", "\n"]
-    assert mapped[0].penalties == ()
-    chat = ChatCompletionRequest(
-        model=MODEL, messages=MESSAGES, max_completion_tokens=9, max_tokens=3, presence_penalty=0.5
-    )
-    chat_job = jobs(chat, ["p"])[0]
-    assert chat_job.request.max_tokens == 9 and chat_job.penalties == (("presence_penalty", 0.5),)
-
-
-@pytest.mark.parametrize(
-    ("body", "param"),
-    [
-        ({"prompt": "x", "logprobs": 2}, "logprobs"),
-        ({"prompt": "x", "echo": True}, "echo"),
-        ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
-        ({"prompt": "x", "best_of": 3}, "best_of"),
-        ({"prompt": [1, 2]}, "prompt"),
-        ({"prompt": ["a", "b"], "n": 9}, "n"),
-    ],
-)
-def test_unsupported_fields_are_refused_with_the_reason(body: dict[str, object], param: str) -> None:
-    with pytest.raises(OpenAIError) as refused:
-        CompletionRequest.model_validate({"model": MODEL, **body})
-    assert refused.value.status == 400 and refused.value.param == param
-    assert refused.value.body()["error"]["param"] == param
-
-
-def test_model_errors_get_their_status() -> None:
-    assert from_model_message("top_p: must be in (0, 1]").param == "top_p"
-    assert from_model_message("text_input: must not be empty").status == 400
-    assert from_model_message("stop_words: bad").param == "stop"
-    overloaded = "70 requests are waiting for a slot (scheduler.max_waiting 64); retry later"
-    assert from_model_message(overloaded).status == 503
-    assert from_model_message("generation failed: boom").status == 500
-    # any input the model declares counts as bad input, under its own name where OpenAI has none
-    refused = from_model_message("min_tokens: must be >= 0", {"text_input", "min_tokens"})
-    assert refused.status == 400 and refused.param == "min_tokens"
-    assert from_model_message("engine: broke", {"text_input"}).status == 500
-
-
-@pytest.mark.real_model
-def test_token_split_joins_back(served_tokenizer: ServedTokenizer) -> None:
-    text = " Paris, the café of 🙂 Europe."
-    for n in (1, 3, 40):
-        pieces = served_tokenizer.split(text, n)
-        assert len(pieces) == n and "".join(pieces) == text
-    assert served_tokenizer.split("", 2) == ["", ""]
-    exact = served_tokenizer.split(" Paris is", len(served_tokenizer.tokenizer.encode(" Paris is")))
-    assert exact == [" Paris", " is"]
-
-
-@pytest.mark.real_model
-def test_usage_sums_choices_and_counts_each_prompt_once(served_tokenizer: ServedTokenizer) -> None:
-    a, b = Choice(0, 0), Choice(1, 0)
-    a.add(Piece("x", 4, final=True, stats=SpeculationStats(8, 6, 2, 0.75, 4.0, 4.0)), served_tokenizer)
-    b.add(Piece("y", 2, final=True, stats=SpeculationStats(4, 0, 2, 0.0, 1.0, 2.0)), served_tokenizer)
-    got = usage([a, b], [PROMPT], served_tokenizer)
-    prompt_tokens = served_tokenizer.count(PROMPT)
-    assert got["prompt_tokens"] == prompt_tokens and got["completion_tokens"] == 6
-    assert got["total_tokens"] == prompt_tokens + 6
-    assert got["draft_tokens"] == 12 and got["accepted_tokens"] == 6 and got["acceptance_rate"] == 0.5
-    assert got["verify_rounds"] == 4 and got["mean_accepted_length"] == 2.5
-    assert got["mean_num_draft_tokens"] == 3.0
-
-
 # -- against the real server -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def frontend(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -365,3 +242,106 @@ def test_client_going_away_cancels_the_triton_request(
     while server.metric_or_zero("specdec_requests_total", finish_reason="cancelled") <= before:
         assert time.monotonic() < deadline, "the request was not cancelled in the model"
         time.sleep(0.2)
+
+
+# -- structured output and tools (docs/openai.md#structured-output) ------------------------------
+
+
+@pytest.mark.server
+def test_response_format_json_schema_validates_whatever_k_and_streamed(client: openai.OpenAI) -> None:
+    import jsonschema
+
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "The capital of France as JSON with city and population."}
+    ]
+    texts = []
+    for k in (0, 4, 8):
+        answer = client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=60,
+            response_format=CITY_FORMAT,  # type: ignore[arg-type]
+            extra_body={"num_draft_tokens": k},
+        )
+        texts.append(answer.choices[0].message.content)
+        assert answer.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=60,
+        response_format=CITY_FORMAT,
+        stream=True,  # type: ignore[arg-type]
+    )
+    texts.append("".join(c.choices[0].delta.content or "" for c in streamed if c.choices))
+    assert len(set(texts)) == 1, texts
+    jsonschema.validate(json.loads(texts[0] or ""), CITY)
+    as_object = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=60,
+        response_format={"type": "json_object"},
+        seed=3,
+        temperature=0.7,
+    )
+    if as_object.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(as_object.choices[0].message.content or ""), dict)
+    cut = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=3, response_format=CITY_FORMAT
+    )  # type: ignore[arg-type]
+    assert cut.choices[0].finish_reason == "length"
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("stream", [False, True])
+def test_tools_come_back_as_tool_calls(client: openai.OpenAI, stream: bool) -> None:
+    import jsonschema
+
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Weather in Paris, in celsius?"}
+    ]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        kw = {
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": 60,
+            "tools": [WEATHER],
+            "tool_choice": choice,
+        }
+        if not stream:
+            message = client.chat.completions.create(**kw).choices[0]  # type: ignore[call-overload]
+            calls, reason = message.message.tool_calls, message.finish_reason
+            name, arguments = calls[0].function.name, calls[0].function.arguments
+        else:
+            name, arguments, reason = "", "", None
+            for chunk in client.chat.completions.create(**kw, stream=True):  # type: ignore[call-overload]
+                for piece in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                    name += piece.function.name or ""
+                    arguments += piece.function.arguments or ""
+                reason = (chunk.choices[0].finish_reason if chunk.choices else None) or reason
+        assert (name, reason) == ("get_weather", "tool_calls")
+        jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])  # type: ignore[index]
+
+
+@pytest.mark.server
+def test_bad_guides_are_refused_naming_the_field(server: Server, client: openai.OpenAI) -> None:
+
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nosuch"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, response_format=bad)  # type: ignore[arg-type]
+    assert refused.value.body["param"] == "response_format" and "nosuch" in refused.value.message  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER], tool_choice="auto")  # type: ignore[list-item]
+    assert refused.value.body["param"] == "tool_choice"  # type: ignore[index]
+    # NVIDIA's tensors through plain tritonclient: a regex shapes the text, a bad one is refused
+    year = grpc_stream(
+        server,
+        "The year after 2024 is",
+        guided_decoding_guide_type=["regex"],
+        guided_decoding_guide=[r"[0-9]{4}"],
+        exclude_input_in_output=True,
+        max_tokens=10,
+    )
+    assert year.error is None and len(year.text) == 4 and year.text.isdigit(), year
+    broken = grpc_stream(server, "x", guided_decoding_guide_type=["regex"], guided_decoding_guide=["a[b"])
+    assert broken.error is not None and "guided_decoding_guide: invalid regex" in str(broken.error)

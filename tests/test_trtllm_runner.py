@@ -16,34 +16,11 @@ from tiny import TINY_VOCAB, byte_tokenizer, reference_greedy, tokens_of
 from trispec.config import load_config
 from trispec.errors import InvalidInputError
 from trispec.request import GenerationRequest
-from trispec.runners.trtllm_engines import read_engine
 from trispec.sequence import FinishReason
-from trtllm_files import drain, engine_over, trtllm_yaml, write_hf
+from trtllm_files import drain, engine_over, stand_in_runner, trtllm_yaml, write_hf
 from trtllm_standin_engine import write_engine
 
-
 # -- 5. the runner over the stand-in -------------------------------------------------------------------
-def stand_in_runner(tmp: Path, *, target_draft_len: int = 8, ngram: bool = False, num_draft_tokens: int = 8):
-    from trispec.drafters.ngram import NgramDrafter
-    from trispec.runners.trtllm_executor import TrtllmExecutor
-    from trispec.runners.trtllm_runner import TrtllmSpecRunner
-
-    t = write_engine(tmp / "t", vocab_size=TINY_VOCAB, seed=0, spec_mode=2, max_draft_len=target_draft_len)
-    d = write_engine(tmp / "d", vocab_size=TINY_VOCAB, seed=7)
-    target = TrtllmExecutor(t, kv_cache_tokens=4096)
-    if ngram:
-        return TrtllmSpecRunner(
-            target, read_engine(t), drafter=NgramDrafter(TINY_VOCAB), kv_tokens=4096, num_draft_tokens=8
-        )
-    draft = TrtllmExecutor(d, kv_cache_tokens=4096, gather_generation_logits=True)
-    return TrtllmSpecRunner(
-        target,
-        read_engine(t),
-        draft=draft,
-        draft_info=read_engine(d),
-        kv_tokens=4096,
-        num_draft_tokens=num_draft_tokens,
-    )
 
 
 def test_no_empty_draft_is_ever_sent(tmp_path: Path, trtllm_bindings) -> None:  # type: ignore[no-untyped-def]

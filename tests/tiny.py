@@ -18,6 +18,7 @@ from trispec.drafters.model_drafter import ModelDrafter
 from trispec.engine.args import ModelArgs
 from trispec.engine.base import ForwardInput
 from trispec.engine.torch_engine import TorchEngine
+from trispec.guided.compiler import GrammarCompiler
 from trispec.llm_engine import LLMEngine
 from trispec.runners.torch_runner import TorchSpecRunner
 from trispec.scheduler import RequestOutput, Scheduler
@@ -110,13 +111,15 @@ def spec_engine(
     # adaptive speculation chooses by measured time: tests pin it off unless they are about it
     config.setdefault("adaptive_speculation", False)
     sampling_rule = str(config.pop("sampling_rule", "coupled"))
-    runner = TorchSpecRunner(target, drafter, sampling_rule=sampling_rule)
+    grammar_drafts = bool(config.pop("grammar_drafts", True))
+    runner = TorchSpecRunner(target, drafter, sampling_rule=sampling_rule, grammar_drafts=grammar_drafts)
     scheduler = Scheduler(
         runner,
         SchedulerConfig(**config),
         encode=tokenizer.encode,
         make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
         eos_ids=tokenizer.eos_ids,
+        grammars=GrammarCompiler(tokenizer.backend, tokenizer.eos_ids, target.vocab_size),
     )
     return LLMEngine(scheduler, runner)
 

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 from safetensors.torch import save_file
-from tiny import ascii_tokenizer, byte_tokenizer, tiny_args
+from tiny import TINY_VOCAB, ascii_tokenizer, byte_tokenizer, tiny_args
 from trispec.engine.random_weights import random_state_dict
 from trispec.runners.trtllm_engines import read_engine
-from trtllm_standin_engine import engine_config
+from trtllm_standin_engine import engine_config, write_engine
 
 BIN = Path(sys.executable).parent
 
@@ -82,3 +82,26 @@ def drain(llm) -> dict:  # type: ignore[no-untyped-def]
         for out in llm.step():
             outputs.setdefault(out.request_id, []).append(out)
     return outputs
+
+
+def stand_in_runner(tmp: Path, *, target_draft_len: int = 8, ngram: bool = False, num_draft_tokens: int = 8):
+    from trispec.drafters.ngram import NgramDrafter
+    from trispec.runners.trtllm_executor import TrtllmExecutor
+    from trispec.runners.trtllm_runner import TrtllmSpecRunner
+
+    t = write_engine(tmp / "t", vocab_size=TINY_VOCAB, seed=0, spec_mode=2, max_draft_len=target_draft_len)
+    d = write_engine(tmp / "d", vocab_size=TINY_VOCAB, seed=7)
+    target = TrtllmExecutor(t, kv_cache_tokens=4096)
+    if ngram:
+        return TrtllmSpecRunner(
+            target, read_engine(t), drafter=NgramDrafter(TINY_VOCAB), kv_tokens=4096, num_draft_tokens=8
+        )
+    draft = TrtllmExecutor(d, kv_cache_tokens=4096, gather_generation_logits=True)
+    return TrtllmSpecRunner(
+        target,
+        read_engine(t),
+        draft=draft,
+        draft_info=read_engine(d),
+        kv_tokens=4096,
+        num_draft_tokens=num_draft_tokens,
+    )

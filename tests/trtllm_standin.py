@@ -45,6 +45,8 @@ What it does, each from the source:
   expected with draft tokens, only the first accepted + 1 compared); drafts are verified in the step
   of the last context chunk (runtime buffers ``setBufferSizes``: "isLastContextChunk() ?
   getNumDraftTokens() : 0"), which here is the only one;
+* guided decoding as ``trtllm_standin_guided`` says: the config at executor creation, the params per
+  request, the first logits row of a step masked and the step's last token accepted;
 * unset top_k / top_p are greedy whatever the temperature, the default seed is 0
   (``trtllm_standin_decoding.runtime_sampling``); acceptance as in
   ``trtllm_standin_decoding.verify_external_drafts``;
@@ -73,7 +75,8 @@ from typing import Any, ClassVar
 import torch
 from trispec.engine.base import ForwardInput
 from trtllm_standin_decoding import draw, runtime_sampling, target_probs, verify_external_drafts
-from trtllm_standin_engine import _Engine, _model
+from trtllm_standin_engine import GiB, SimulatedGpu, _Engine, _model
+from trtllm_standin_guided import Matcher
 
 # the bindings' types, all of them: this module is ``tensorrt_llm.bindings.executor``
 from trtllm_standin_types import *  # noqa: F403
@@ -91,34 +94,12 @@ from trtllm_standin_types import (
     Result,
 )
 
-GiB = 2**30
-
-
 # runtime buffers an executor allocates beside its weights before the KV cache is sized (activations,
 # decoder state); a fixed figure here, a function of max_num_tokens and the model on a real GPU
 RUNTIME_BUFFER_BYTES = GiB // 4
 
 
 DEFAULT_GPU_MEM_FRACTION = 0.9  # executor.h kDefaultGpuMemFraction
-
-
-class SimulatedGpu:
-    """GPU memory: what executors take, and what ``torch.cuda.mem_get_info`` would say is free."""
-
-    def __init__(self, total_bytes: int = 80 * GiB) -> None:
-        self.total_bytes = total_bytes
-        self.used_bytes = 0
-
-    def free_bytes(self) -> int:
-        return self.total_bytes - self.used_bytes
-
-    def take(self, nbytes: int, what: str) -> None:
-        if nbytes > self.free_bytes():
-            raise RuntimeError(
-                f"[TensorRT-LLM][ERROR] CUDA runtime error in cudaMalloc: out of memory ({what}: "
-                f"{nbytes} bytes, {self.free_bytes()} free)"
-            )
-        self.used_bytes += nbytes
 
 
 GPU = SimulatedGpu()
@@ -344,8 +325,11 @@ class Executor:
         sid = -next(_seq_ids)
         self.model.add_sequence(sid, len(prompt) + len(drafts) + active.max_new_tokens + 1)
         rows: list[torch.Tensor] = []
+        guided = self._matcher(request)
         try:
             logits = self.model.forward([ForwardInput(sid, [*prompt, *drafts], len(drafts) + 1)])[0]
+            if guided is not None:  # one row per request is masked: the first (trtllm_standin_guided)
+                logits = torch.cat([guided.mask(logits[0])[None], logits[1:].float()])
             if drafts:
                 step = verify_external_drafts(
                     drafts,
@@ -368,7 +352,11 @@ class Executor:
                 new, ended = [], False
             while not ended and len(new) < active.max_new_tokens and (Executor.decodes_on or not drafts):
                 if new or drafts:
+                    if guided is not None:  # the step's last token only reaches the matcher
+                        guided.accept(new[-1])
                     logits = self.model.forward([ForwardInput(sid, [new[-1]], 1)])[0]
+                    if guided is not None:
+                        logits = guided.mask(logits[-1])[None]
                 rows.append(logits[-1])
                 token = draw(target_probs(logits[-1], sampling, engine.vocab_size), generator)
                 if token == request.end_id:
@@ -379,6 +367,12 @@ class Executor:
             self.model.free(sid)
         reason = FinishReason.END_ID if ended else FinishReason.LENGTH
         return new, reason, self._generation_logits(request, rows)
+
+    def _matcher(self, request: Request) -> Matcher | None:
+        config, params = self.config.guided_decoding_config, request.guided_decoding_params
+        if config is None or params is None:  # without a guided decoder the params are not read
+            return None
+        return Matcher(config, params, self.engine.vocab_size)
 
     def _generation_logits(self, request: Request, rows: list[torch.Tensor]) -> Any:
         if not request.output_config.return_generation_logits:

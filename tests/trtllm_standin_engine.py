@@ -144,3 +144,25 @@ class _Engine:
             kv_bytes_per_token=layers * heads * int(pre["head_size"]) * 2 * 2,  # K and V, 16-bit
             tp_size=int(pre.get("mapping", {}).get("tp_size", 1)),
         )
+
+
+GiB = 2**30
+
+
+class SimulatedGpu:
+    """GPU memory: what executors take, and what ``torch.cuda.mem_get_info`` would say is free."""
+
+    def __init__(self, total_bytes: int = 80 * GiB) -> None:
+        self.total_bytes = total_bytes
+        self.used_bytes = 0
+
+    def free_bytes(self) -> int:
+        return self.total_bytes - self.used_bytes
+
+    def take(self, nbytes: int, what: str) -> None:
+        if nbytes > self.free_bytes():
+            raise RuntimeError(
+                f"[TensorRT-LLM][ERROR] CUDA runtime error in cudaMalloc: out of memory ({what}: "
+                f"{nbytes} bytes, {self.free_bytes()} free)"
+            )
+        self.used_bytes += nbytes

@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtllm_standin_guided import GuidedDecodingConfig, GuidedDecodingParams
+
 
 class ModelType(enum.Enum):
     DECODER_ONLY = 0
@@ -59,6 +61,7 @@ class ExecutorConfig:
     max_num_tokens: int | None = None
     parallel_config: ParallelConfig | None = None
     gather_generation_logits: bool = False
+    guided_decoding_config: GuidedDecodingConfig | None = None
 
 
 @dataclass
@@ -118,7 +121,9 @@ class Request:
         pad_id: int | None = None,
         external_draft_tokens_config: ExternalDraftTokensConfig | None = None,
         client_id: int | None = None,
+        guided_decoding_params: GuidedDecodingParams | None = None,
     ) -> None:
+        self.guided_decoding_params = guided_decoding_params
         self.input_token_ids = list(input_token_ids)
         self.max_tokens = max_tokens
         self.streaming = streaming

@@ -71,6 +71,10 @@ class GenerationRequest:
     skip_output_tokens: int | None = None
     # a stream resumed on another replica: the model it began on (the server refuses another one)
     expected_model_fingerprint: str | None = None
+    # structured output, as NVIDIA's tensors: json, json_schema, regex or ebnf_grammar, and the schema,
+    # regex or grammar (none for json)
+    guided_decoding_guide_type: str | None = None
+    guided_decoding_guide: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -88,6 +92,10 @@ class GenerationRequest:
         # frozen: normalise the word lists (any iterable of str) through object.__setattr__
         object.__setattr__(self, "stop_words", _check_words("stop_words", self.stop_words))
         object.__setattr__(self, "bad_words", _check_words("bad_words", self.bad_words))
+        for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise InvalidRequestError(f"{name}: must be a string, got {type(value).__name__}")
 
     def sent_values(self) -> dict[str, Any]:
         """The inputs to send, by Triton input name: plain Python values, lists for word lists."""
@@ -100,8 +108,9 @@ class GenerationRequest:
             words = getattr(self, name)
             if words:
                 values[name] = list(words)
-        if self.expected_model_fingerprint:
-            values["expected_model_fingerprint"] = self.expected_model_fingerprint
+        for name in ("expected_model_fingerprint", "guided_decoding_guide_type", "guided_decoding_guide"):
+            if getattr(self, name):
+                values[name] = getattr(self, name)
         return values
 
     def json_body(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from trispec_openai.formats import ChatFormat, CompletionFormat
 from trispec_openai.mapping import jobs
 from trispec_openai.schemas import ChatCompletionRequest, CompletionRequest
 from trispec_openai.service import Call
+from trispec_openai.structured import structure_of
 from trispec_openai.tokens import ServedTokenizer
 from trispec_openai.triton import TritonGenerator
 
@@ -157,13 +158,16 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
         check_model(body.model)
-        prompts = [tokenizer.chat_template.render([m.for_template() for m in body.messages])]
-        fmt = ChatFormat(served_model, body.logprobs)
+        template = tokenizer.chat_template
+        structure = structure_of(body.response_format, body.tools, body.tool_choice, template.source)
+        messages = [m.for_template() for m in body.messages]
+        prompts = [template.render(messages, structure.template_tools)]
+        fmt = ChatFormat(served_model, body.logprobs, structure.tools)
         call = Call(
             generator,
             tokenizer,
             fmt,
-            jobs(body, prompts),
+            jobs(body, prompts, structure),
             prompts,
             logprobs=body.logprobs,
             include_usage=body.include_usage,

@@ -43,14 +43,17 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         env.filters["tojson"] = _tojson
+        self.source = source
         self._template = env.from_string(source)
         self._special = {"bos_token": bos_token, "eos_token": eos_token}
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """The prompt for ``messages``, ending with the assistant's turn opened (add_generation_prompt)."""
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt for ``messages``, ending with the assistant's turn opened (add_generation_prompt);
+        ``tools`` as Hugging Face passes them (a template that does not read them leaves them out)."""
+        extra = {} if tools is None else {"tools": tools}
         try:
             return self._template.render(
-                messages=[dict(m) for m in messages], add_generation_prompt=True, **self._special
+                messages=[dict(m) for m in messages], add_generation_prompt=True, **self._special, **extra
             )
         except TemplateError as exc:
             # the template's own raise_exception ("Conversation roles must alternate ...") or a bad shape
@@ -60,7 +63,9 @@ class ChatTemplate:
 class NoChatTemplate:
     """The model ships no chat template: chat requests are refused, completions still work."""
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    source = ""
+
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         raise OpenAIError(
             400,
             "this model has no chat template in its tokenizer metadata; use /v1/completions",

@@ -10,11 +10,15 @@ gives ``content: [{token, logprob, bytes, top_logprobs: []}]``; alternatives are
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
 
 from trispec_openai.choices import Choice, Delta
+from trispec_openai.structured import TOOL_CALL_TAG, ToolCalls
+
+_TAGGED = re.compile(TOOL_CALL_TAG + r".*?</tool_call>", re.DOTALL)
 
 # the model's finish reasons that OpenAI spells differently (length and stop are the same)
 _FINISH = {"cancelled": "abort"}
@@ -91,9 +95,23 @@ class CompletionFormat:
 class ChatFormat(CompletionFormat):
     object_name = "chat.completion"
 
-    def __init__(self, model: str, logprobs: bool) -> None:
+    def __init__(self, model: str, logprobs: bool, tools: ToolCalls | None = None) -> None:
         super().__init__(model, logprobs)
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        # a tools request: the answer's text becomes tool_calls; streamed, a named function's arguments
+        # go out as they come, other calls whole at the end (their text is kept here until then)
+        self.tools = tools
+        self._held: dict[int, str] = {}
+        self._call_ids: dict[int, str] = {}
+
+    def _message(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+        calls = self.tools.calls(text) if self.tools is not None and reason in ("stop", None) else None
+        if not calls:
+            return {"role": "assistant", "content": text}, reason
+        content = (
+            _TAGGED.sub("", text).strip() or None if self.tools and self.tools.mode == "tagged" else None
+        )
+        return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
     def _content_logprobs(self, tokens: Any, logprobs: Any) -> dict[str, Any] | None:
         if not self.logprobs:
@@ -105,22 +123,17 @@ class ChatFormat(CompletionFormat):
         return {"content": content, "refusal": None}
 
     def response(self, choices: list[Choice], usage: dict[str, Any]) -> dict[str, Any]:
-        body = self._envelope(
-            [
-                _seeded(
-                    {
-                        "index": c.index,
-                        "message": {"role": "assistant", "content": c.text},
-                        "logprobs": self._content_logprobs(c.tokens, c.logprobs),
-                        "finish_reason": finish_reason(c.finish_reason),
-                    },
-                    c.seed,
-                )
-                for c in choices
-            ],
-            self.object_name,
-        )
-        return _with_seed(body, choices, usage)
+        answers = []
+        for c in choices:
+            message, reason = self._message(c.text, finish_reason(c.finish_reason))
+            answer = {
+                "index": c.index,
+                "message": message,
+                "logprobs": self._content_logprobs(c.tokens, c.logprobs),
+                "finish_reason": reason,
+            }
+            answers.append(_seeded(answer, c.seed))
+        return _with_seed(self._envelope(answers, self.object_name), choices, usage)
 
     def opening(self, index: int) -> dict[str, Any] | None:
         # OpenAI's first chunk of each choice names the role, with empty content
@@ -132,15 +145,41 @@ class ChatFormat(CompletionFormat):
         }
         return self._envelope([choice], "chat.completion.chunk")
 
-    def chunk(self, index: int, delta: Delta, reason: str | None) -> dict[str, Any]:
+    def chunk(self, index: int, delta: Delta, reason: str | None) -> dict[str, Any] | None:
+        reason = finish_reason(reason)
+        content: dict[str, Any] = {"content": delta.text} if delta.text else {}
+        if self.tools is not None and self.tools.mode == "named":
+            content = self._arguments(index, delta.text)
+            reason = "tool_calls" if reason == "stop" else reason
+        elif self.tools is not None:
+            self._held[index] = self._held.get(index, "") + delta.text
+            if reason is None:
+                return None
+            message, reason = self._message(self._held.pop(index), reason)
+            content = {k: v for k, v in message.items() if k != "role" and v is not None}
+            for i, call in enumerate(content.get("tool_calls", ())):
+                call["index"] = i
         choice = {
             "index": index,
-            "delta": {"content": delta.text} if delta.text else {},
+            "delta": content,
             "logprobs": self._content_logprobs(delta.tokens, delta.logprobs),
-            "finish_reason": finish_reason(reason),
+            "finish_reason": reason,
         }
         body = self._envelope([_seeded(choice, delta.seed)], "chat.completion.chunk")
         return _chunk_seed(body, index, delta)
+
+    def _arguments(self, index: int, text: str) -> dict[str, Any]:
+        """A streamed piece of a named function's arguments: the first names the call."""
+        if index in self._call_ids:
+            return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}
+        assert self.tools is not None
+        self._call_ids[index] = f"call_{uuid.uuid4().hex[:24]}"
+        function = {"name": self.tools.name, "arguments": text}
+        return {
+            "tool_calls": [
+                {"index": 0, "id": self._call_ids[index], "type": "function", "function": function}
+            ]
+        }
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         body = self._envelope([], "chat.completion.chunk")

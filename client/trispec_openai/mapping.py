@@ -15,6 +15,7 @@ from trispec_client.request import GenerationRequest
 
 from trispec_openai.errors import invalid, param_of
 from trispec_openai.schemas import ChatCompletionRequest, CompletionRequest
+from trispec_openai.structured import Structure
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class Job:
     request: GenerationRequest
     # FP32 inputs trispec_client's request does not carry (0 = off: not sent)
     penalties: tuple[tuple[str, float], ...] = ()
+    # the OpenAI field a guided request's guide came from, named when the model refuses the guide
+    guide_param: str = "response_format"
 
 
 def stop_word(stop: str) -> str:
@@ -34,8 +37,12 @@ def stop_word(stop: str) -> str:
     return buffer.getvalue()
 
 
-def jobs(body: CompletionRequest | ChatCompletionRequest, prompts: list[str]) -> list[Job]:
-    """The Triton requests for ``prompts`` (the rendered chat, or the completion prompts)."""
+def jobs(
+    body: CompletionRequest | ChatCompletionRequest, prompts: list[str], structure: Structure | None = None
+) -> list[Job]:
+    """The Triton requests for ``prompts`` (the rendered chat, or the completion prompts), guided as
+    ``structure`` says (response_format, tools)."""
+    structure = structure or Structure()
     max_tokens = body.token_limit if isinstance(body, ChatCompletionRequest) else body.max_tokens
     stops = tuple(stop_word(s) for s in body.stop_list if s)
     penalties = tuple(
@@ -57,8 +64,10 @@ def jobs(body: CompletionRequest | ChatCompletionRequest, prompts: list[str]) ->
                     seed=None if body.seed is None else body.seed + i,
                     stop_words=stops,
                     stream=True,
+                    guided_decoding_guide_type=structure.guide_type,
+                    guided_decoding_guide=structure.guide,
                 )
             except InvalidRequestError as exc:  # a value the tensors cannot carry (an int over INT32)
                 raise invalid(exc.message, param_of(exc.message)) from None
-            result.append(Job(prompt_index * body.n + i, prompt_index, request, penalties))
+            result.append(Job(prompt_index * body.n + i, prompt_index, request, penalties, structure.param))
     return result

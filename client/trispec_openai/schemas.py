@@ -1,7 +1,8 @@
 """OpenAI request bodies, validated: a bad field fails here with its name (400), before Triton sees it.
 
 Fields that would change the answer in a way we cannot honour (``echo``, ``suffix``, ``logit_bias``,
-tools, top-k alternatives of log-probs) are refused with the reason rather than ignored;
+top-k alternatives of log-probs) are refused with the reason rather than ignored (``response_format``
+and ``tools`` are served: trispec_openai.structured);
 ``user``, ``metadata`` and ``store`` change nothing and are accepted. Unknown keys are refused, so that a
 misspelled field is not silently ignored. Our extensions: ``num_draft_tokens`` and ``top_k``.
 """
@@ -131,8 +132,11 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    # structured output and tool calls (trispec_openai.structured)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    # one call per choice is what the grammar produces; true or false changes nothing else
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -147,10 +151,6 @@ class ChatCompletionRequest(_Sampling):
             )
         if self.top_logprobs is not None and not self.logprobs:
             raise unsupported("top_logprobs", "needs logprobs: true")
-        if self.tools or self.tool_choice not in (None, "none"):
-            raise unsupported("tools", "tool calling is not supported; leave tools and tool_choice out")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise unsupported("response_format", "only {'type': 'text'} is supported (no JSON mode)")
         return self
 
     @property

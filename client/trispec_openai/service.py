@@ -19,13 +19,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
 from trispec_openai.choices import Choice, usage
-from trispec_openai.errors import OpenAIError
+from trispec_openai.errors import OpenAIError, invalid
 from trispec_openai.formats import CompletionFormat
 from trispec_openai.mapping import Job
 from trispec_openai.tokens import ServedTokenizer
 from trispec_openai.triton import Piece, TritonGenerator
 
 _END = object()
+GUIDE_TENSOR = "guided_decoding_guide"
 
 
 async def merge(streams: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:
@@ -65,6 +66,17 @@ async def _until(is_disconnected: Callable[[], Awaitable[bool]], every_s: float 
         await asyncio.sleep(every_s)
 
 
+async def _guide_named(stream: AsyncIterator[Piece], param: str) -> AsyncIterator[Piece]:
+    """The model names the tensor of a refused guide; the client sent an OpenAI field."""
+    try:
+        async for piece in stream:
+            yield piece
+    except OpenAIError as exc:
+        if exc.param != GUIDE_TENSOR:
+            raise
+        raise invalid(param + exc.message.removeprefix(GUIDE_TENSOR), param) from None
+
+
 def sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -100,8 +112,14 @@ class Call:
         self.choices = [Choice(job.index, job.prompt_index) for job in jobs]
         self._merged = merge(
             [
-                generator.stream(
-                    job.request, logprobs=logprobs, request_id=f"{fmt.id}-{job.index}", extra=job.penalties
+                _guide_named(
+                    generator.stream(
+                        job.request,
+                        logprobs=logprobs,
+                        request_id=f"{fmt.id}-{job.index}",
+                        extra=job.penalties,
+                    ),
+                    job.guide_param,
                 )
                 for job in jobs
             ]
@@ -152,7 +170,9 @@ class Call:
                 delta = choice.add(piece, self.tokenizer)
                 if delta.text or delta.logprobs or delta.seed is not None or piece.final:
                     reason = choice.finish_reason if piece.final else None
-                    yield sse(self.fmt.chunk(index, delta, reason))
+                    chunk = self.fmt.chunk(index, delta, reason)
+                    if chunk is not None:  # None: a tool call held back until it is whole
+                        yield sse(chunk)
                 item = await anext(self._merged, None)
             if self.include_usage:
                 yield sse(self.fmt.usage_chunk(self._usage()))

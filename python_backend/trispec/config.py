@@ -169,6 +169,9 @@ class SpeculationConfig(_Strict):
     # acceptance at high temperature; the text depends on the drafts, so seeded requests keep their
     # own k). TensorRT-LLM samples inside its executor: engine.kind trtllm takes neither.
     sampling_rule: Literal["coupled", "rejection"] = "coupled"
+    # guided requests: where the grammar admits one continuation only (keys, braces, enum tails), those
+    # tokens are proposed as drafts ahead of the drafter's, for free (docs/openai.md#structured-output)
+    grammar_drafts: bool = True
 
 
 class EngineConfig(_Strict):

@@ -14,6 +14,7 @@ from trispec.checkpoints import load_tokenizer
 from trispec.config import SpecDecConfig
 from trispec.detokenize import StopTextTracker
 from trispec.errors import ConfigError
+from trispec.guided.compiler import GrammarCompiler
 from trispec.llm_engine import LLMEngine
 from trispec.request import GenerationRequest
 from trispec.runners.factory import build_runner
@@ -78,6 +79,7 @@ class SpeculativeLLM:
             encode_words=lambda text: tokenizer.encode(text, add_bos=False),
             make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
             eos_ids=tokenizer.eos_ids,
+            grammars=GrammarCompiler(tokenizer.backend, tokenizer.eos_ids, runner.vocab_size),
         )
         return cls(LLMEngine(scheduler, runner), tokenizer, config)
 

@@ -30,6 +30,11 @@ class LLMEngine:
         ``Scheduler.add_request``)."""
         return self.scheduler.add_request(request, tokenize_later)
 
+    def compile_guide(self, request: GenerationRequest) -> None:
+        """Compile a guided request's grammar into the cache now (on the caller's thread); raises
+        ``InvalidInputError`` for a bad guide. ``add_request`` then finds it compiled."""
+        self.scheduler.compile_guide(request)
+
     def cancel(self, request_id: int) -> None:
         self.scheduler.cancel(request_id)
 

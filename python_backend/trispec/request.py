@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trispec.errors import InvalidInputError
+from trispec.guided.spec import Guide
 from trispec.sampling_params import SamplingParams
 
 
@@ -39,6 +40,8 @@ class GenerationRequest:
     # a resumed stream: the text of the first this-many output tokens is not returned (the caller has
     # it); they are generated as usual, and their text comes back in ``RequestOutput.skipped_text``
     skip_output_tokens: int = 0
+    # guided decoding: every output token follows this JSON schema, regex or grammar
+    guide: Guide | None = None
 
     @property
     def sampling(self) -> SamplingParams:
@@ -118,4 +121,6 @@ def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limi
         not isinstance(w, str) or w == "" for w in request.bad_words
     ):
         raise InvalidInputError("bad_words", "must be a list of non-empty strings")
+    if request.guide is not None and not isinstance(request.guide, Guide):
+        raise InvalidInputError("guided_decoding_guide", "must be a Guide")
     return k if k is not None else min(limits.default_num_draft_tokens, limits.max_num_draft_tokens)

@@ -5,8 +5,12 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trispec.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from trispec.guided.compiler import CompiledGrammar
 
 # torch.Generator.manual_seed accepts any value representable in 64 bits; we keep seeds non-negative.
 _MAX_SEED = 2**64 - 1
@@ -52,6 +56,8 @@ class SamplingParams:
     # the serving runner's sampling rule, resolved by the scheduler: "coupled" (a seed's tokens do not
     # depend on the drafts) or "rejection" (they do)
     rule: str = "coupled"
+    # guided decoding: the compiled grammar every emitted token must follow (resolved by the scheduler)
+    grammar: CompiledGrammar | None = None
 
     def __post_init__(self) -> None:
         # Values often arrive as numpy scalars (Triton request tensors): accept any real / integral
@@ -105,6 +111,10 @@ class SamplingParams:
         """Whether logits go through ``logits_rules.apply_rules`` before sampling (penalties, bad
         words, min_tokens); off by default, then nothing is spent on it."""
         return self.penalised or bool(self.bad_words_ids) or self.min_tokens > 0
+
+    @property
+    def guided(self) -> bool:
+        return self.grammar is not None
 
     @property
     def seeded(self) -> bool:

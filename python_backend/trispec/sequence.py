@@ -15,6 +15,8 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # end id / EOS or a stop string
     CANCELLED = "cancelled"
     ERROR = "error"
+    # guided decoding: the grammar allowed no token (``error`` says why)
+    GRAMMAR_DEAD_END = "grammar_dead_end"
 
 
 @dataclass(eq=False)

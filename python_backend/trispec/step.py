@@ -65,6 +65,12 @@ class SeqResult:
     error: str | None = None
     # log-probability of each of ``new_token_ids`` (when the request asked for them)
     log_probs: list[float] | None = None
+    # a guided sequence the grammar ended with no token: GRAMMAR_COMPLETE (satisfied, no end id to
+    # emit), else why no token was allowed (a dead end)
+    grammar_end: str | None = None
+
+
+GRAMMAR_COMPLETE = "complete"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import torch
 
 from trispec.accept import AcceptResult, accept_matching, speculative_accept
 from trispec.drafters.base import DraftProposal
+from trispec.guided.state import mask_rows
 from trispec.logits_rules import apply_rules, log_probs_of
 from trispec.sampling import coupled_tokens, logits_to_probs
 from trispec.step import SeqStep
@@ -25,16 +26,23 @@ def verify_round(
     drafts: Sequence[DraftProposal],
     logits: Sequence[torch.Tensor],
     generators: Mapping[int, torch.Generator | None],
+    masks: Sequence[torch.Tensor | None] | None = None,
 ) -> list[tuple[AcceptResult, list[float] | None]]:
     """``logits[i]`` ``[k_i + 1, V]``: row j scores draft j of ``decodes[i]``, row k_i its bonus
     position. Returns each sequence's accepted tokens and, when its request asks for them, their
-    log-probabilities under the target's distribution."""
+    log-probabilities under the target's distribution. A guided sequence's rows are masked by its
+    grammar first (``masks[i]``, ``[k_i + 1, V]``); where its first row allows no token it gets no
+    token at all (the grammar ended it)."""
     shaped = [
         apply_rules(rows, s.sampling, s.token_ids, d.tokens) if s.sampling.shapes_logits else rows
         for s, d, rows in zip(decodes, drafts, logits, strict=True)
     ]
+    drafts = list(drafts)
+    ended = _apply_masks(decodes, shaped, drafts, masks) if masks is not None else set()
     accepted: list[AcceptResult | None] = [None] * len(decodes)
-    matching = [i for i, s in enumerate(decodes) if not s.sampling.samples_by_rejection]
+    for i in ended:
+        accepted[i] = AcceptResult(num_accepted=0, tokens=[])
+    matching = [i for i, s in enumerate(decodes) if not s.sampling.samples_by_rejection and i not in ended]
     if matching:
         params, positions = [], []
         for i in matching:
@@ -51,6 +59,9 @@ def verify_round(
     results = []
     for i, s in enumerate(decodes):
         probs = None
+        if i in ended:
+            results.append((accepted[i], None))
+            continue
         if s.sampling.samples_by_rejection:
             probs = logits_to_probs(shaped[i], s.sampling)
             q = drafts[i].probs if drafts[i].probs is not None else torch.zeros(0, probs.shape[-1])
@@ -64,3 +75,35 @@ def verify_round(
             probs = logits_to_probs(shaped[i], s.sampling)
         results.append((result, log_probs_of(shaped[i], s.sampling, result.tokens, probs)))
     return results
+
+
+def _apply_masks(
+    decodes: Sequence[SeqStep],
+    shaped: list[torch.Tensor],
+    drafts: list[DraftProposal],
+    masks: Sequence[torch.Tensor | None],
+) -> set[int]:
+    """Mask guided rows in place; returns the sequences whose first row allows nothing. A later row
+    that allows nothing (a draft led the grammar into a dead end) cuts the drafts before that draft:
+    the target then meets the dead end as plain decoding would, at the next round's first row."""
+    ended = set()
+    for i, mask in enumerate(masks):
+        if mask is None:
+            continue
+        rows = mask_rows(shaped[i], mask)
+        # a row is dead where the grammar allows nothing, or the request's rules forbade all it allows
+        ruled = decodes[i].sampling.shapes_logits
+        if ruled:
+            alive = torch.isfinite(rows).any(dim=-1).tolist()
+        else:  # numpy: one small torch op per sequence costs a thread-pool wake-up on a busy machine
+            alive = mask.numpy()[: rows.shape[0]].any(axis=1).tolist()
+        dead = next((j for j, ok in enumerate(alive) if not ok), len(alive))
+        if dead == 0:
+            ended.add(i)
+        elif dead < len(alive):
+            keep = dead - 1
+            probs = drafts[i].probs
+            drafts[i] = DraftProposal(drafts[i].tokens[:keep], None if probs is None else probs[:keep])
+            rows = rows[: keep + 1]
+        shaped[i] = rows
+    return ended

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trispec.guided.spec import Guide
 from trispec.llm_engine import LLMEngine
 from trispec.request import GenerationRequest
 from trispec.stats import EngineStats
@@ -80,10 +81,11 @@ def run_closed_loop(
     on_finish: Callable[[], None] | None = None,
     sampling: Mapping[str, Any] | None = None,
     seeds: Sequence[int] | None = None,
+    guides: Sequence[Guide | None] | None = None,
 ) -> LoopResult:
     """``sampling``: temperature / top_k / top_p of every request (greedy when None); ``seeds``: the
     seed of each prompt's request, the same in every arm, so sampled arms can be compared token for
-    token."""
+    token. ``guides``: each prompt's guide (structured output), None unguided."""
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     pending = deque(range(len(prompts)))
@@ -101,6 +103,7 @@ def run_closed_loop(
                 max_tokens=max_tokens,
                 num_draft_tokens=num_draft_tokens,
                 seed=seeds[i] if seeds is not None else None,
+                guide=guides[i] if guides is not None else None,
                 **(sampling or {}),
             )
             prompt_of[engine.add_request(request)] = i

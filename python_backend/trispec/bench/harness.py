@@ -15,6 +15,7 @@ from trispec.config import SpecDecConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import Drafter
 from trispec.engine.weights import load_checkpoint
+from trispec.guided.compiler import GrammarCompiler
 from trispec.llm_engine import LLMEngine
 from trispec.runners.torch_build import build_engine
 from trispec.runners.torch_runner import TorchSpecRunner
@@ -46,6 +47,8 @@ class Bench:
         checkpoint = load_checkpoint(resolve_checkpoint(config.target.checkpoint, "target.checkpoint"))
         self.target = build_engine(self.config.target, "target", self.config.scheduler, checkpoint)
         self.drafters = DrafterPool(self.config, checkpoint, self.target)
+        # one grammar cache for every arm, as one serving process has (no end ids: see engine())
+        self.grammars = GrammarCompiler(self.tokenizer.backend, frozenset(), self.target.vocab_size)
         self.max_concurrency = max_concurrency
         self.max_k = max_k
         # adaptive arms keep what they learned across the sweep, as a serving process would
@@ -61,7 +64,13 @@ class Bench:
                 "adaptive_speculation": arm.adaptive,
             }
         )
-        runner = TorchSpecRunner(self.target, drafter, sampling_rule=self.config.speculation.sampling_rule)
+        speculation = self.config.speculation
+        runner = TorchSpecRunner(
+            self.target,
+            drafter,
+            sampling_rule=speculation.sampling_rule,
+            grammar_drafts=speculation.grammar_drafts,
+        )
         tokenizer = self.tokenizer
         scheduler = Scheduler(
             runner,
@@ -69,6 +78,8 @@ class Bench:
             encode=tokenizer.encode,
             make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
             eos_ids=frozenset(),  # fixed-length outputs: every arm does the same work
+            # guided requests (the json workload) end where their grammar is complete
+            grammars=self.grammars,
         )
         if arm.adaptive:
             key = (arm.name, workload)
@@ -92,6 +103,7 @@ class Bench:
             on_finish=on_finish,
             sampling=self.sampling,
             seeds=self._seeds_of(load.name, len(load.prompts)) if self.sampling else None,
+            guides=load.guides,
         )
 
     def _seeds_of(self, workload: str, count: int) -> list[int]:
@@ -116,6 +128,7 @@ class Bench:
                 max_tokens=WARMUP_TOKENS,
                 num_draft_tokens=arm.k,
                 sampling=self.sampling,
+                guides=load.warmup_guides,
             )
             controller = engine.scheduler.controller
             if controller is None or controller.warm:

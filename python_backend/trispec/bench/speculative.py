@@ -1,7 +1,8 @@
 """``specdec-bench``: speculative vs plain decoding of any draft/target pair, in one run.
 
 The pair comes from a YAML config (``--config``; default: the built-in SmolLM2 self-draft). For each
-workload (HumanEval code, ShareGPT chat, "edit this code") and each concurrency of the sweep, the same
+workload (HumanEval code, ShareGPT chat, "edit this code", schema-guided JSON and the same prompts
+unguided) and each concurrency of the sweep, the same
 prompts run closed-loop through the real in-flight batcher in every arm: ``plain`` (k = 0, the same
 loop), ``<drafter>-k<N>`` (a fixed k) and ``<drafter>-adaptive`` (per-request k chosen by measured
 goodput, capped at the largest ``--k``). Greedy by default, or sampled (``--temperature``, ``--top-k``,
@@ -99,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sampling-rule", choices=["coupled", "rejection"], help="instead of speculation.sampling_rule"
     )
+    p.add_argument(
+        "--no-grammar-drafts",
+        action="store_true",
+        help="guided requests (--workloads json): the drafter alone drafts, not the grammar's forced tokens",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--load-memory", action="store_true", help="measure peak RSS while loading the pair")
     p.add_argument("--hf-reference", action="store_true", help="HF assisted generation, same pair/prompts")
@@ -138,8 +144,11 @@ def _pair(args: argparse.Namespace) -> tuple[SpecDecConfig, list[str]]:
     """The pair's config and the drafters to sweep (unknown names fail before anything loads)."""
     try:
         config = load_config(args.config)
-        if args.sampling_rule:
-            speculation = config.speculation.model_copy(update={"sampling_rule": args.sampling_rule})
+        update: dict[str, Any] = {"sampling_rule": args.sampling_rule} if args.sampling_rule else {}
+        if args.no_grammar_drafts:
+            update["grammar_drafts"] = False
+        if update:
+            speculation = config.speculation.model_copy(update=update)
             config = config.model_copy(update={"speculation": speculation})
         if config.engine.kind != "torch":
             raise SystemExit("specdec-bench runs the torch engine (engine.kind: torch)")

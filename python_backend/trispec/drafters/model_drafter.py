@@ -58,16 +58,21 @@ class ModelDrafter:
         # previous round accepted all drafts; the prompt and more when the sequence did not draft
         # before), later positions feed the previous draft token.
         feeds = {
-            i: list(requests[i].token_ids[self.engine.cached_length(requests[i].seq_id) :]) for i in active
+            i: [*requests[i].token_ids[self.engine.cached_length(requests[i].seq_id) :], *requests[i].prefix]
+            for i in active
         }
-        catch_up = {i: max(len(feed) - MAX_OWN_FEED, 0) for i, feed in feeds.items()}
+        # a prefix (forced tokens) is this round's drafts, not catching up
+        catch_up = {i: max(len(f) - len(requests[i].prefix) - MAX_OWN_FEED, 0) for i, f in feeds.items()}
         while active:
             logits = self.engine.forward([ForwardInput(requests[i].seq_id, feeds[i], 1) for i in active])
             rows = []
             for i, row in zip(active, logits):
                 request = requests[i]
                 if request.sampling.shapes_logits:  # as the verifier will shape p (logits_rules.py)
-                    row = apply_rules(row, request.sampling, [*request.token_ids, *tokens[i]])
+                    context = [*request.token_ids, *request.prefix, *tokens[i]]
+                    row = apply_rules(row, request.sampling, context)
+                if request.guide is not None:  # and mask it by the grammar (guided/state.py)
+                    row = request.guide.mask_logits(row, [*request.prefix, *tokens[i]])
                 rows.append(row)
             drawn = self._draw(
                 [requests[i] for i in active],

@@ -34,7 +34,8 @@ class NgramDrafter(StatelessDrafter):
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         proposals = []
         for request in requests:
-            tokens = ngram_lookup(request.token_ids, request.num_draft_tokens, self.max_ngram, self.min_ngram)
+            context = [*request.token_ids, *request.prefix]
+            tokens = ngram_lookup(context, request.num_draft_tokens, self.max_ngram, self.min_ngram)
             probs = None
             if tokens and not request.sampling.greedy and request.sampling.rule == "rejection":
                 # the rejection rule's q of a deterministic proposal: one-hot on the proposed token

@@ -223,7 +223,9 @@ class SuffixDrafter(StatelessDrafter):
             # under the rejection rule a seeded request's draws depend on its drafts: drafts from
             # other requests' outputs would make its output depend on what else ran
             own_only = request.sampling.output_depends_on_drafts
-            tokens = self._draft(index, request.num_draft_tokens, use_global=not own_only)
+            # its index holds verified tokens only: after a prefix (forced tokens) it sits this round out
+            k = 0 if request.prefix else request.num_draft_tokens
+            tokens = self._draft(index, k, use_global=not own_only)
             probs = None
             if tokens and not request.sampling.greedy and request.sampling.rule == "rejection":
                 # the rejection rule's q of a deterministic proposal: one-hot on the proposed token

@@ -45,6 +45,13 @@ class SpecRunner(Protocol):
         ...
 
     @property
+    def guided_drafts(self) -> bool:
+        """Whether a guided sequence (``SamplingParams.grammar``) may draft: its runtime masks every
+        verify row by the grammar's state after the drafts before it. Where not, guided sequences
+        decode plain and a guided request asking for drafts is refused."""
+        ...
+
+    @property
     def can_draft(self) -> bool:
         """False when there is no drafter (then every step is plain decoding)."""
         ...

@@ -66,7 +66,7 @@ def sampler_mode(params: Sequence[SamplingParams], vocab_size: int, log_probs: b
 
 def qualifies(s: SeqStep, max_k: int) -> bool:
     sp = s.sampling
-    if s.is_prompt_chunk or sp.shapes_logits or sp.samples_by_rejection:
+    if s.is_prompt_chunk or sp.shapes_logits or sp.samples_by_rejection or sp.guided:
         return False
     if not sp.greedy and sp.seed is None:  # the eager path says why
         return False

@@ -11,6 +11,7 @@ import torch
 
 from trispec.drafters.base import Drafter, DraftProposal, DraftRequest
 from trispec.engine.kv_cache import blocks_for
+from trispec.guided.state import GrammarState
 from trispec.step import SeqStep
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,21 @@ class DraftSide:
         )
         return need <= usage.total_blocks
 
-    def _draft(self, decodes: Sequence[SeqStep]) -> tuple[list[DraftProposal], bool]:
-        """Each decode's proposal (empty for k = 0), and whether the drafter failed this step."""
+    def _draft(
+        self,
+        decodes: Sequence[SeqStep],
+        forced: Sequence[Sequence[int]] | None = None,
+        guides: Sequence[GrammarState | None] | None = None,
+    ) -> tuple[list[DraftProposal], bool]:
+        """Each decode's proposal (empty for k = 0), and whether the drafter failed this step. A guided
+        decode's drafter continues after the tokens its grammar forces (``forced``), under its grammar
+        (``guides``); the proposal holds the drafter's tokens only."""
+        forced = forced or [()] * len(decodes)
+        guides = guides or [None] * len(decodes)
         proposals = [DraftProposal([]) for _ in decodes]
-        drafting = [i for i, s in enumerate(decodes) if s.num_draft_tokens > 0 and not self.drafting_off]
+        drafting = [
+            i for i, s in enumerate(decodes) if s.num_draft_tokens > len(forced[i]) and not self.drafting_off
+        ]
         drafting = self._draft_room(decodes, drafting)
         if not drafting:
             return proposals, False
@@ -52,9 +64,11 @@ class DraftSide:
             DraftRequest(
                 decodes[i].seq_id,
                 decodes[i].token_ids,
-                decodes[i].num_draft_tokens,
+                decodes[i].num_draft_tokens - len(forced[i]),
                 decodes[i].sampling,
                 self._generators[decodes[i].seq_id],
+                prefix=tuple(forced[i]),
+                guide=guides[i],
             )
             for i in drafting
         ]

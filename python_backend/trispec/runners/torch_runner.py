@@ -26,9 +26,10 @@ from trispec.engine.base import Engine, ForwardInput
 from trispec.engine.kv_cache import blocks_for
 from trispec.runners.torch_drafting import MAX_DRAFT_FAILURES_IN_A_ROW, DraftSide
 from trispec.runners.torch_graph_side import GraphSide
+from trispec.runners.torch_guided import GuidedSide
 from trispec.sampling import make_generator
 from trispec.sampling_params import SamplingParams
-from trispec.step import KVUsage, SeqResult, SeqStep, StepPlan, StepResult
+from trispec.step import GRAMMAR_COMPLETE, KVUsage, SeqResult, SeqStep, StepPlan, StepResult
 from trispec.verifier import verify_round
 
 if TYPE_CHECKING:
@@ -38,15 +39,19 @@ logger = logging.getLogger(__name__)
 __all__ = ["MAX_DRAFT_FAILURES_IN_A_ROW", "TorchSpecRunner"]
 
 
-class TorchSpecRunner(DraftSide, GraphSide):
+class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
     def __init__(
         self,
         target: Engine,
         drafter: Drafter | None = None,
         graphs: GraphRound | None = None,
         sampling_rule: str = "coupled",
+        grammar_drafts: bool = True,
     ) -> None:
         self.target = target
+        # guided sequences: their grammar's state, and whether its forced tokens are drafted
+        self._grammars = {}
+        self.grammar_drafts = grammar_drafts
         # how sampled tokens are drawn and drafts checked (speculation.sampling_rule)
         self.sampling_rule = sampling_rule
         # greedy rounds as CUDA graph replays (runners/graph_round.py); None: every round eager
@@ -72,7 +77,9 @@ class TorchSpecRunner(DraftSide, GraphSide):
             from trispec.runners.graph_round import graph_round_for
 
             graphs = graph_round_for(target, drafter, config.scheduler.max_num_draft_tokens)
-        return cls(target, drafter, graphs, config.speculation.sampling_rule)
+        return cls(
+            target, drafter, graphs, config.speculation.sampling_rule, config.speculation.grammar_drafts
+        )
 
     # -- admission ---------------------------------------------------------------------------
     @property
@@ -89,6 +96,10 @@ class TorchSpecRunner(DraftSide, GraphSide):
 
     @property
     def shapes_logits(self) -> bool:
+        return True
+
+    @property
+    def guided_drafts(self) -> bool:
         return True
 
     @property
@@ -122,6 +133,7 @@ class TorchSpecRunner(DraftSide, GraphSide):
     def free(self, seq_id: int) -> None:
         self._release(seq_id)
         self._generators.pop(seq_id, None)
+        self._drop_grammar(seq_id)
 
     def _release(self, seq_id: int) -> None:
         if seq_id in self._admitted:  # a preempted sequence holds no KV
@@ -171,7 +183,10 @@ class TorchSpecRunner(DraftSide, GraphSide):
 
     def _eager_round(self, chunks: Sequence[SeqStep], decodes: Sequence[SeqStep]) -> StepResult:
         t0 = time.perf_counter()
-        drafts, draft_failed = self._draft(decodes)
+        guides = self._grammar_states(decodes)
+        forced = self._forced_drafts(decodes, guides)
+        drafts, draft_failed = self._draft(decodes, forced, guides)
+        drafts, masks = self._guided_round(decodes, guides, forced, drafts)
         t1 = time.perf_counter()
         # one batched target pass: each decode feeds its new tokens + drafts and wants logits for the
         # last k + 1 (row i scores draft i, the last row the bonus); prompt chunks want none
@@ -182,13 +197,16 @@ class TorchSpecRunner(DraftSide, GraphSide):
         inputs += [ForwardInput(s.seq_id, s.token_ids[s.num_computed : s.feed_to], 0) for s in chunks]
         logits = self.target.forward(inputs)
         results = {}
-        verified = verify_round(decodes, drafts, logits[: len(decodes)], self._generators)
-        for s, draft, (accepted, log_probs) in zip(decodes, drafts, verified):
+        verified = verify_round(decodes, drafts, logits[: len(decodes)], self._generators, masks)
+        for s, draft, guide, (accepted, log_probs) in zip(decodes, drafts, guides, verified):
             # the caches keep the fed tokens and the accepted drafts; the target's own token is
             # fed in the next step
             computed = s.feed_to + accepted.num_accepted
             self.target.truncate(s.seq_id, computed)
             self._rollback_draft(s.seq_id, computed)
+            grammar_end = None
+            if guide is not None and not accepted.tokens:  # the grammar allowed no token at all
+                grammar_end = GRAMMAR_COMPLETE if guide.complete else guide.dead_end_reason()
             results[s.seq_id] = SeqResult(
                 s.seq_id,
                 accepted.tokens,
@@ -196,6 +214,7 @@ class TorchSpecRunner(DraftSide, GraphSide):
                 accepted.num_accepted,
                 computed,
                 log_probs=log_probs,
+                grammar_end=grammar_end,
             )
         for s in chunks:
             results[s.seq_id] = SeqResult(s.seq_id, num_computed=s.feed_to)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trispec.guided.spec import Guide
 from trispec.runners.trtllm_sampling import sampling_config_kwargs
 from trispec.sampling_params import SamplingParams
 
@@ -92,6 +93,16 @@ class Completion:
     ended: bool = False
 
 
+@dataclass(frozen=True)
+class GuidedVocab:
+    """What TensorRT-LLM's guided decoder needs of the tokenizer: every token's string in id order,
+    the tokenizer.json, and the ids that end a sequence."""
+
+    encoded_vocab: list[str]
+    tokenizer_str: str
+    stop_token_ids: list[int]
+
+
 class TrtllmExecutor:
     """One engine, one executor: submit token-list requests, collect their final results."""
 
@@ -105,6 +116,7 @@ class TrtllmExecutor:
         worker_executable: Path | None = None,
         gather_generation_logits: bool = False,
         enable_chunked_context: bool = True,
+        guided_vocab: GuidedVocab | None = None,
     ) -> None:
         trtllm = bindings()
         self._trtllm = trtllm
@@ -134,6 +146,16 @@ class TrtllmExecutor:
             kwargs["parallel_config"] = trtllm.ParallelConfig(device_ids=device_ids)
         if gather_generation_logits:
             kwargs["gather_generation_logits"] = True  # 1.x: logits are asked for at run time
+        if guided_vocab is not None:
+            # the runtime's own grammar engine (xgrammar) over our tokenizer, as the LLM API sets it up
+            # (TRT tensorrt_llm/llmapi/tokenizer.py _xgrammar_tokenizer_info; llguidance is refused by
+            # the C++ runtime: batch_manager/guidedDecoder.cpp "LLGuidance is not supported")
+            kwargs["guided_decoding_config"] = trtllm.GuidedDecodingConfig(
+                backend=trtllm.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR,
+                encoded_vocab=guided_vocab.encoded_vocab,
+                tokenizer_str=guided_vocab.tokenizer_str,
+                stop_token_ids=guided_vocab.stop_token_ids,
+            )
         config = trtllm.ExecutorConfig(**kwargs)
         self.executor = trtllm.Executor(Path(engine_dir), trtllm.ModelType.DECODER_ONLY, config)
 
@@ -150,6 +172,7 @@ class TrtllmExecutor:
         draft_tokens: list[int] | None = None,
         draft_logits: Any = None,
         return_logits: bool = False,
+        guide: Guide | None = None,
     ) -> int:
         """Enqueue one request (raises if the bindings refuse it). ``end_id`` -1: no end token.
         ``draft_tokens`` must not be empty: TensorRT-LLM asserts on an empty external draft
@@ -174,8 +197,18 @@ class TrtllmExecutor:
             pad_id=pad_id,
             external_draft_tokens_config=external,
             client_id=client_id,
+            guided_decoding_params=None if guide is None else self._guided_params(guide),
         )
         return int(self.executor.enqueue_request(request))
+
+    def _guided_params(self, guide: Guide) -> Any:
+        """NVIDIA's guide types as its Triton model maps them (tensorrt_llm/1/model.py
+        get_guided_decoding_params_from_request); OpenAI's json_object as the schema of any object."""
+        params = self._trtllm.GuidedDecodingParams
+        if guide.kind == "json_object":
+            return params(guide_type=params.GuideType.JSON_SCHEMA, guide='{"type": "object"}')
+        guide_type = getattr(params.GuideType, guide.kind.upper())
+        return params(guide_type=guide_type, guide=guide.text or None)
 
     def collect(self, request_ids: list[int], timeout_s: float) -> dict[int, Completion]:
         """Wait for the final result of every request; those not final by ``timeout_s`` are cancelled

@@ -44,6 +44,7 @@ ROUND_TIMEOUT_S = 600.0
 class _Seq:
     sampling: SamplingParams
     drafts: bool
+    max_length: int = 0
     num_computed: int = 0
     rounds: int = 0
     base_seed: int = field(default_factory=lambda: secrets.randbits(63))
@@ -115,8 +116,15 @@ class TrtllmSpecRunner:
     def can_admit(self, num_tokens: int) -> bool:
         return num_tokens <= self._max_context and len(self._seqs) < self._max_batch
 
+    @property
+    def guided_drafts(self) -> bool:
+        # TensorRT-LLM 1.2.x's GuidedDecoder advances its matcher by the last token of a step only and
+        # masks one logits row per request (batch_manager/guidedDecoder.cpp, build and execute): it
+        # cannot check drafts. Guided sequences decode plain, each as one request (``_guided``).
+        return False
+
     def add(self, seq_id: int, max_length: int, sampling: SamplingParams, drafts: bool) -> None:
-        seq = _Seq(sampling, drafts)
+        seq = _Seq(sampling, drafts, max_length)
         if sampling.seed is not None:
             seq.base_seed = sampling.seed
         self._seqs[seq_id] = seq
@@ -153,13 +161,14 @@ class TrtllmSpecRunner:
             if step.is_prompt_chunk:
                 self._seqs[step.seq_id].num_computed = step.feed_to
                 results[step.seq_id] = SeqResult(step.seq_id, num_computed=step.feed_to)
-        decodes = []
+        decodes, guided = [], []
         for step in plan.decodes:
             refusal = self._refusal(step)
-            if refusal is None:
-                decodes.append(step)
-            else:
+            if refusal is not None:
                 results[step.seq_id] = self._failed(step, refusal)
+            else:
+                (guided if step.sampling.guided else decodes).append(step)
+        results.update(self._guided(guided))
         t0 = time.perf_counter()
         wanted = {s.seq_id: self._draft_room(s) for s in decodes}
         seeds = {s.seq_id: self._seed(s) for s in decodes}
@@ -170,6 +179,53 @@ class TrtllmSpecRunner:
                 results[s.seq_id] = self._failed(s, failed[s.seq_id])
         results.update(self._verify([s for s in decodes if s.seq_id not in failed], drafts))
         return StepResult(results, t1 - t0, time.perf_counter() - t1)
+
+    def _guided(self, steps: Sequence[SeqStep]) -> dict[int, SeqResult]:
+        """Guided sequences: the executor's grammar state lives in its request (built at the first
+        context step, advanced by each generated token), so each is ONE request for all its output,
+        masked at every step by the runtime, rather than a request per round."""
+        results: dict[int, SeqResult] = {}
+        ids: dict[int, tuple[SeqStep, int]] = {}
+        for s in steps:
+            seq = self._seqs[s.seq_id]
+            if len(s.token_ids) > s.sampling.prompt_len:
+                results[s.seq_id] = self._failed(
+                    s,
+                    "a guided sequence cannot go on mid-output on TensorRT-LLM (its grammar state was in "
+                    "the request that ended)",
+                )
+                continue
+            grammar = s.sampling.grammar
+            assert grammar is not None
+            end_id = self._end_id(s)
+            try:
+                rid = self.target.submit(
+                    list(s.token_ids),
+                    seq.max_length - len(s.token_ids),
+                    sampling=s.sampling,
+                    seed=self._seed(s) + 1,
+                    end_id=end_id,
+                    pad_id=self.pad_id,
+                    client_id=s.seq_id,
+                    guide=grammar.guide,
+                )
+            except Exception as exc:
+                results[s.seq_id] = self._failed(s, f"target request refused: {exc}")
+                continue
+            ids[rid] = (s, end_id)
+        for rid, done in self.target.collect(list(ids), ROUND_TIMEOUT_S).items():
+            s, end_id = ids[rid]
+            if done.error is not None:
+                results[s.seq_id] = self._failed(s, f"target engine: {done.error}")
+                continue
+            tokens = [*done.tokens, end_id] if done.ended else list(done.tokens)
+            if not tokens:
+                results[s.seq_id] = self._failed(s, "target engine returned no token")
+                continue
+            seq = self._seqs[s.seq_id]
+            seq.num_computed = s.feed_to + max(len(tokens) - 1, 0)
+            results[s.seq_id] = SeqResult(s.seq_id, tokens, 0, 0, seq.num_computed)
+        return results
 
     def _refusal(self, step: SeqStep) -> str | None:
         # the scheduler's context limit keeps requests from getting here

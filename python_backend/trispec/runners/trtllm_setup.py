@@ -19,9 +19,10 @@ from trispec.config import SpecDecConfig
 from trispec.errors import ConfigError
 from trispec.runners.kv_budget import GiB, kv_budget_bytes, split_kv_budget
 from trispec.runners.trtllm_engines import EngineInfo, check_pair, engine_weight_bytes, read_engine
-from trispec.runners.trtllm_executor import TrtllmExecutor, worker_executable
+from trispec.runners.trtllm_executor import GuidedVocab, TrtllmExecutor, worker_executable
 from trispec.runners.trtllm_runner import TrtllmSpecRunner
 from trispec.sampling_params import SamplingParams
+from trispec.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 WARM_UP_TIMEOUT_S = 600.0  # the first request of an executor also loads its kernels
@@ -125,7 +126,12 @@ def start_runner(config: SpecDecConfig) -> TrtllmSpecRunner:
             free_gpu_memory_fraction=plan.draft_fraction,
             **common,
         )
-    target = TrtllmExecutor(trt.target_engine_dir, free_gpu_memory_fraction=plan.target_fraction, **common)
+    target = TrtllmExecutor(
+        trt.target_engine_dir,
+        free_gpu_memory_fraction=plan.target_fraction,
+        guided_vocab=guided_vocab(tokenizer),
+        **common,
+    )
     runner = TrtllmSpecRunner(
         target,
         target_info,
@@ -143,6 +149,17 @@ def start_runner(config: SpecDecConfig) -> TrtllmSpecRunner:
     most = target_info.max_batch_size * target_info.usable_seq_len
     runner.kv_tokens = measured_kv_tokens(plan, {"target": target, "draft": draft}, pad_id, most)
     return runner
+
+
+def guided_vocab(tokenizer: Tokenizer) -> GuidedVocab:
+    """The target executor's guided-decoding vocabulary (TRT tensorrt_llm/llmapi/tokenizer.py
+    ``_xgrammar_tokenizer_info``: the vocabulary sorted by id, the backend tokenizer's JSON, the end ids)."""
+    vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
+    return GuidedVocab(
+        encoded_vocab=[token for token, _ in sorted(vocab.items(), key=lambda item: item[1])],
+        tokenizer_str=tokenizer.backend.to_str(),
+        stop_token_ids=sorted(tokenizer.eos_ids),
+    )
 
 
 def measured_kv_tokens(

@@ -13,6 +13,7 @@ from dataclasses import replace
 from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
 from trispec.errors import InvalidInputError
+from trispec.guided.compiler import CompiledGrammar, GrammarCompiler
 from trispec.request import GenerationRequest, Limits, validate_request
 from trispec.runners.base import SpecRunner
 from trispec.sampling_params import SamplingParams
@@ -52,8 +53,11 @@ class Intake:
         make_text_tracker: Callable[[list[str]], StopTextTracker],
         eos_ids: frozenset[int],
         encode_words: Callable[[str], list[int]] | None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.encode = encode
+        # compiles guided requests' grammars (cached); None: guided decoding is not served
+        self.grammars = grammars
         # a piece of text inside a sequence (bad words): no BOS
         self.encode_words = encode_words or encode
         self.make_text_tracker = make_text_tracker
@@ -64,7 +68,7 @@ class Intake:
         # while schedule() changes them
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
-        self._untokenized: list[tuple[int, GenerationRequest, float]] = []
+        self._untokenized: list[tuple[int, GenerationRequest, float, CompiledGrammar | None]] = []
         self._cancels: set[int] = set()
         # outputs that arise while scheduling (cancellations), returned by the next postprocess
         self._pending_outputs: list[RequestOutput] = []
@@ -79,18 +83,42 @@ class Intake:
         ``invalid`` says why."""
         if request.prompt_token_ids is None and (not isinstance(request.prompt, str) or not request.prompt):
             raise InvalidInputError("prompt", "must be a non-empty string")
+        # on the caller's thread, never the step loop's: a bad guide is refused before admission
+        grammar = self.compile_guide(request)
         if tokenize_later and request.prompt_token_ids is None:
             with self._lock:
                 seq_id = next(self._ids)
-                self._untokenized.append((seq_id, request, self.clock()))
+                self._untokenized.append((seq_id, request, self.clock(), grammar))
             return seq_id
-        seq = self._sequence(request, arrived_at=self.clock())
+        seq = self._sequence(request, arrived_at=self.clock(), grammar=grammar)
         with self._lock:
             seq.seq_id = next(self._ids)
             self._inbox.append(seq)
         return seq.seq_id
 
-    def _sequence(self, request: GenerationRequest, seq_id: int = -1, arrived_at: float = 0.0) -> Sequence:
+    def compile_guide(self, request: GenerationRequest) -> CompiledGrammar | None:
+        """A guided request's compiled grammar (None unguided); raises ``InvalidInputError``."""
+        if request.guide is None:
+            return None
+        if self.grammars is None:
+            raise InvalidInputError(request.guide.field, "guided decoding is not served by this engine")
+        if request.num_draft_tokens and not getattr(self.runner, "guided_drafts", False):
+            # TensorRT-LLM 1.2.x: its GuidedDecoder masks one logits row per request and advances
+            # the matcher by the last token only (batch_manager/guidedDecoder.cpp, build/execute)
+            raise InvalidInputError(
+                "num_draft_tokens",
+                "guided decoding cannot be combined with draft tokens on this engine (TensorRT-LLM "
+                "masks only the first row of a verify pass); send 0 or leave it unset",
+            )
+        return self.grammars.compile(request.guide)
+
+    def _sequence(
+        self,
+        request: GenerationRequest,
+        seq_id: int = -1,
+        arrived_at: float = 0.0,
+        grammar: CompiledGrammar | None = None,
+    ) -> Sequence:
         if request.prompt_token_ids is not None:
             prompt_ids = list(request.prompt_token_ids)
         else:
@@ -109,7 +137,10 @@ class Intake:
             end_ids=end_ids,
             prompt_len=len(prompt_ids),
             rule=self.runner.sampling_rule,
+            grammar=grammar,
         )
+        if grammar is not None and not getattr(self.runner, "guided_drafts", False):
+            num_draft_tokens = 0  # the runtime masks only a verify pass's first row: decode plain
         if not sampling.greedy and sampling.seed is None:
             sampling = replace(sampling, seed=secrets.randbits(63))
         if not self.runner.shapes_logits:
@@ -136,9 +167,9 @@ class Intake:
         with self._lock:
             untokenized, self._untokenized = self._untokenized, []
         arrived = []
-        for seq_id, request, arrived_at in untokenized:
+        for seq_id, request, arrived_at, grammar in untokenized:
             try:
-                seq = self._sequence(request, seq_id, arrived_at)
+                seq = self._sequence(request, seq_id, arrived_at, grammar)
             except InvalidInputError as exc:
                 refused = RequestOutput(
                     seq_id, [], "", True, FinishReason.ERROR, AcceptanceStats(), str(exc), exc

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from trispec.errors import InvalidInputError
 from trispec.sequence import FinishReason, Sequence
 from trispec.stats import AcceptanceStats, EngineStats
-from trispec.step import SeqResult
+from trispec.step import GRAMMAR_COMPLETE, SeqResult
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,10 @@ def apply_result(seq: Sequence, result: SeqResult, planned_k: int, stats: Engine
     """Account, emit and finish one sequence after its verify."""
     seq.stats.record_round(result.num_drafted, result.num_accepted, planned_k)
     stats.record_round(result.num_drafted, result.num_accepted, planned_k)
+    if result.grammar_end is not None:
+        seq.finish_reason = FinishReason.STOP
+        if result.grammar_end != GRAMMAR_COMPLETE:
+            seq.finish_reason, seq.error = FinishReason.GRAMMAR_DEAD_END, result.grammar_end
     new_ids: list[int] = []
     for token in result.new_token_ids:
         new_ids.append(token)

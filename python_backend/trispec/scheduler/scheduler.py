@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
+from trispec.guided.compiler import GrammarCompiler
 from trispec.runners.base import SpecRunner
 from trispec.scheduler.admission import Admission
 from trispec.scheduler.intake import Intake, limits_for
@@ -32,6 +33,7 @@ class Scheduler(Intake, Admission):
         eos_ids: frozenset[int],
         clock: Callable[[], float] = time.monotonic,
         encode_words: Callable[[str], list[int]] | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         # the runner's admission bookkeeping (can_admit / add / free); the step itself is LLMEngine's
         self.runner = runner
@@ -48,6 +50,7 @@ class Scheduler(Intake, Admission):
             make_text_tracker=make_text_tracker,
             eos_ids=eos_ids,
             encode_words=encode_words,
+            grammars=grammars,
         )
         self.stats = EngineStats()
         self.controller = GoodputController() if config.adaptive_speculation and runner.can_draft else None
@@ -58,7 +61,7 @@ class Scheduler(Intake, Admission):
         """Requests not started yet (submitted, or waiting for a first slot), oldest first; a
         preempted request waiting to resume is not among them."""
         with self._lock:
-            inbox = [s.seq_id for s in self._inbox] + [seq_id for seq_id, _, _ in self._untokenized]
+            inbox = [s.seq_id for s in self._inbox] + [entry[0] for entry in self._untokenized]
             return [s.seq_id for s in self.waiting if not s.preemptions] + sorted(inbox)
 
     def has_work(self) -> bool:

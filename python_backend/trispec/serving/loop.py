@@ -135,6 +135,8 @@ class ServingLoop:
                 f"{queued} requests are waiting for a slot (scheduler.max_waiting {limit}) and this one "
                 f"brings {len(sequences)}; retry later",
             )
+        for row in rows:  # a guide compiles (or is refused) before the loop's lock is taken
+            self.engine.compile_guide(row.generation)
         group = Group(sink, remaining=len(sequences))
         with self._lock:
             try:

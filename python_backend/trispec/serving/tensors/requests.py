@@ -14,6 +14,7 @@ import numpy as np
 
 from trispec.config import GenerationDefaults
 from trispec.errors import InvalidInputError
+from trispec.guided import GUIDE_TYPES, Guide
 from trispec.request import GenerationRequest
 from trispec.serving.tensors.table import INPUTS, REFUSED_INPUTS
 
@@ -212,6 +213,7 @@ def parse_inputs(
         frequency_penalty=float(pick(_float(get, "frequency_penalty"), 0.0)),
         min_tokens=int(pick(min_tokens, 0)),
         return_log_probs=_bool(get, "return_log_probs"),
+        guide=_guide(get),
     )
     generation.sampling  # noqa: B018 -- validates the sampling fields (names the field)
     stream = _bool(get, "stream")
@@ -227,6 +229,30 @@ def parse_inputs(
         return_num_output_tokens=_bool(get, "return_num_output_tokens"),
         model_fingerprint=model_fingerprint,
     )
+
+
+# the guide types of NVIDIA's model (tensorrt_llm/1/model.py get_guided_decoding_params_from_request)
+TENSOR_GUIDE_TYPES = GUIDE_TYPES[:4]
+
+
+def _guide(get: GetInput) -> Guide | None:
+    """NVIDIA's two guided-decoding tensors: the type, and the schema, regex or grammar it reads (none
+    for ``json``). An empty type asks for nothing, as an empty string elsewhere."""
+    kind_value, text_value = _one(get, "guided_decoding_guide_type"), _one(get, "guided_decoding_guide")
+    kind = "" if kind_value is None else _text("guided_decoding_guide_type", kind_value).strip()
+    text = "" if text_value is None else _text("guided_decoding_guide", text_value)
+    if not kind:
+        if text:
+            raise InvalidInputError(
+                "guided_decoding_guide_type",
+                f"is required with guided_decoding_guide: one of {TENSOR_GUIDE_TYPES}",
+            )
+        return None
+    if kind not in TENSOR_GUIDE_TYPES:
+        raise InvalidInputError(
+            "guided_decoding_guide_type", f"must be one of {', '.join(TENSOR_GUIDE_TYPES)}, got {kind!r}"
+        )
+    return Guide(kind, text)
 
 
 def _check_fingerprint(get: GetInput, model_fingerprint: str | None) -> None:

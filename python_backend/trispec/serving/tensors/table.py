@@ -27,7 +27,6 @@ class TensorSpec:
 _MULTIMODAL = "multimodal inputs are not served: the models here are text-only"
 _LORA = "LoRA adapters are not served"
 _PTUNING = "prompt tuning (prompt embedding tables) is not served"
-_GUIDED = "guided decoding is not served"
 _LOGITS = "logits are not returned: the speculative loop keeps them on the engine (use return_log_probs)"
 
 INPUTS: tuple[TensorSpec, ...] = (
@@ -83,8 +82,10 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("return_perf_metrics", "TYPE_BOOL"),
     TensorSpec("return_num_input_tokens", "TYPE_BOOL"),
     TensorSpec("return_num_output_tokens", "TYPE_BOOL"),
-    TensorSpec("guided_decoding_guide_type", "TYPE_STRING", status="refused", why=_GUIDED),
-    TensorSpec("guided_decoding_guide", "TYPE_STRING", status="refused", why=_GUIDED),
+    # json, json_schema, regex or ebnf_grammar, and the schema, regex or grammar (none for json), as
+    # NVIDIA's model maps them to TensorRT-LLM's GuidedDecodingParams; compiled here by llguidance
+    TensorSpec("guided_decoding_guide_type", "TYPE_STRING"),
+    TensorSpec("guided_decoding_guide", "TYPE_STRING"),
     # ours: a resumed stream (the client has these first tokens' text): generated again, not sent
     TensorSpec("skip_output_tokens", "TYPE_INT32", status="extension"),
     # ours: a resumed stream goes on only on a replica serving the model it began on

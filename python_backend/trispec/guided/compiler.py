@@ -1,0 +1,165 @@
+"""Guides compiled into llguidance grammars, checked against our tokenizer, cached by digest.
+
+``compile`` runs on the caller's thread (a server's request thread, before admission): a bad schema,
+regex or grammar is refused there with llguidance's reason, and the step loop only copies a ready
+matcher. The cache is bounded (least recently used out first); two threads compiling the same new
+guide at once both compile it, and one result is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import llguidance
+import tokenizers
+
+from trispec.errors import InvalidInputError
+from trispec.guided.spec import Guide
+
+# compact JSON (no whitespace between tokens, "," and ":" as separators), as OpenAI's structured
+# outputs and xgrammar's default strict JSON: a model cannot pad its answer with whitespace forever,
+# and the grammar forces longer runs (keys, separators) that it then drafts
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+DEFAULT_CACHE_SIZE = 256
+# added to a tokenizer that has no end-of-sequence token: llguidance needs one to say "complete"
+GUIDE_END_TOKEN = "<|guided_end|>"
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    digest: str
+    kind: str
+    # what was asked (a runtime with its own grammar engine, TensorRT-LLM's, is sent this)
+    guide: Guide = field(compare=False, repr=False)
+    # a fresh matcher at the grammar's start; each sequence takes a deep copy
+    template: llguidance.LLMatcher = field(compare=False, repr=False)
+    tokenizer: llguidance.LLTokenizer = field(compare=False, repr=False)
+
+    def new_matcher(self) -> llguidance.LLMatcher:
+        return self.template.deep_copy()
+
+
+def llg_tokenizer(backend: tokenizers.Tokenizer, eos_ids: frozenset[int], vocab_size: int) -> Any:
+    """llguidance's view of our tokenizer (tokenizer.json, or the one converted from a GGUF), over the
+    model's vocabulary (ids past the tokenizer's are never allowed)."""
+    eos = sorted(i for i in eos_ids if i < vocab_size)
+    tokenizer = backend
+    if not eos:  # e.g. a test tokenizer: an end token of its own, which no text can produce
+        tokenizer = tokenizers.Tokenizer.from_str(backend.to_str())
+        tokenizer.add_special_tokens([GUIDE_END_TOKEN])
+        eos = [tokenizer.token_to_id(GUIDE_END_TOKEN)]
+    n_vocab = max(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))
+    try:
+        return llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=n_vocab, eos_token=eos)
+    except ValueError:  # a decoder llguidance does not read (e.g. Fuse): each token's own text then
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenTexts(tokenizer, n_vocab, eos)))
+
+
+class _TokenTexts:
+    """A tokenizer as llguidance's generic interface sees it: every id's bytes (its decoded text; ids
+    past the tokenizer's are empty, never allowed) and encoding."""
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer, n_vocab: int, eos: list[int]) -> None:
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.tokens = [
+            tokenizer.decode([i], skip_special_tokens=False).encode() if i < size else b""
+            for i in range(n_vocab)
+        ]
+        self.eos_token_id = eos[0]
+        self.bos_token_id = None
+        self.special_token_ids = list(eos)
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def grammar_text(guide: Guide) -> str:
+    """The guide as an llguidance grammar; raises ``InvalidInputError`` naming the guide's field."""
+    try:
+        if guide.kind == "json":  # TensorRT-LLM's "json": xgrammar's built-in JSON (object or array)
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                {"type": ["object", "array"]}, defaults=JSON_OPTIONS
+            )
+        if guide.kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+        if guide.kind == "json_schema":
+            schema = json.loads(guide.text)
+            if not isinstance(schema, dict):
+                raise InvalidInputError(guide.field, "the JSON schema must be a JSON object")
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        if guide.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(guide.text)
+        return llguidance.grammar_from("grammar", guide.text)  # ebnf_grammar: GBNF or Lark
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(guide.field, f"the JSON schema is not valid JSON: {exc}") from exc
+    except (ValueError, TypeError, RuntimeError) as exc:
+        if isinstance(exc, InvalidInputError):
+            raise
+        raise InvalidInputError(guide.field, f"invalid {guide.kind}: {exc}") from exc
+
+
+class GrammarCompiler:
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        eos_ids: frozenset[int],
+        vocab_size: int,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> None:
+        self._backend, self._eos_ids = backend, eos_ids
+        self._tokenizer: Any = None  # llguidance's view of it, made on the first guided request
+        self._unusable: str | None = None
+        self.vocab_size = vocab_size
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compiled = 0  # compilations done (cache misses), for tests and metrics
+
+    @property
+    def tokenizer(self) -> Any:
+        """llguidance's tokenizer (~0.4 s for a 49k vocabulary, once); raises ``InvalidInputError`` where
+        llguidance cannot read ours: then guided requests are refused, nothing else changes."""
+        with self._lock:
+            if self._tokenizer is None and self._unusable is None:
+                try:
+                    self._tokenizer = llg_tokenizer(self._backend, self._eos_ids, self.vocab_size)
+                except (ValueError, RuntimeError) as exc:
+                    self._unusable = str(exc)
+            if self._unusable is not None:
+                raise InvalidInputError(
+                    "guided_decoding_guide",
+                    f"guided decoding is not available with this model's tokenizer ({self._unusable})",
+                )
+            return self._tokenizer
+
+    def compile(self, guide: Guide) -> CompiledGrammar:
+        tokenizer = self.tokenizer
+        digest = guide.digest
+        with self._lock:
+            hit = self._cache.get(digest)
+            if hit is not None:
+                self._cache.move_to_end(digest)
+                return hit
+        grammar = grammar_text(guide)
+        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+        if error:
+            raise InvalidInputError(guide.field, f"invalid {guide.kind}: {error.strip()}")
+        template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise InvalidInputError(guide.field, f"invalid {guide.kind}: {template.get_error().strip()}")
+        compiled = CompiledGrammar(digest, guide.kind, guide, template, tokenizer)
+        with self._lock:
+            self.compiled += 1
+            self._cache[digest] = compiled
+            self._cache.move_to_end(digest)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def __len__(self) -> int:
+        return len(self._cache)

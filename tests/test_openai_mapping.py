@@ -1,0 +1,160 @@
+"""The OpenAI front end's offline parts: chat templates, request mapping, refusals, usage and the
+structured-output mapping, without a server (tests/test_openai.py serves them for real)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from openai_cases import CITY, CITY_FORMAT, MESSAGES, MODEL, PROMPT, WEATHER
+from trispec_client.results import SpeculationStats
+from trispec_openai.chat import ChatTemplate
+from trispec_openai.choices import Choice, usage
+from trispec_openai.errors import OpenAIError, from_model_message
+from trispec_openai.mapping import jobs
+from trispec_openai.schemas import ChatCompletionRequest, CompletionRequest
+from trispec_openai.tokens import ServedTokenizer
+from trispec_openai.triton import Piece
+
+
+@pytest.fixture(scope="module")
+def served_tokenizer() -> ServedTokenizer:
+    return ServedTokenizer.from_config(None)
+
+
+@pytest.mark.real_model
+def test_chat_template_is_the_models_own(served_tokenizer: ServedTokenizer) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    rendered = served_tokenizer.chat_template.render(messages)
+    # SmolLM2's template from its GGUF metadata: ChatML with the assistant turn opened
+    assert (
+        rendered
+        == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert rendered == served_tokenizer.tokenizer.apply_chat_template(messages)
+    # no system message: the template adds its own default one
+    assert served_tokenizer.chat_template.render(messages[1:]).startswith("<|im_start|>system\nYou are")
+
+
+def test_chat_template_renders_as_transformers_does() -> None:
+    # loop controls, tojson keeping non-ASCII text, bos/eos and the template's own raise_exception
+    source = (
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}"
+        "{% endif %}{% if loop.index > 2 %}{% break %}{% endif %}{{ m | tojson }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    template = ChatTemplate(source, bos_token="<s>", eos_token="</s>")
+    messages = [{"role": "user", "content": "café"}, {"role": "assistant", "content": "a"}, {"role": "user"}]
+    assert template.render(messages) == (
+        '<s>{"role": "user", "content": "café"}\n{"role": "assistant", "content": "a"}\n<assistant>'
+    )
+    with pytest.raises(OpenAIError) as refused:
+        template.render([{"role": "tool", "content": "x"}])
+    assert refused.value.status == 400 and "no tools" in refused.value.message
+
+
+def test_requests_map_to_triton_inputs() -> None:
+    body = CompletionRequest(
+        model=MODEL, prompt=["a", "b"], n=2, seed=7, stop=["x,y", "\n"], max_tokens=5, num_draft_tokens=3
+    )
+    mapped = jobs(body, body.prompts)
+    assert [(j.index, j.prompt_index, j.request.prompt, j.request.seed) for j in mapped] == [
+        (0, 0, "a", 7),
+        (1, 0, "a", 8),
+        (2, 1, "b", 7),
+        (3, 1, "b", 8),
+    ]
+    request = mapped[0].request
+    assert request.stream and request.max_tokens == 5 and request.num_draft_tokens == 3
+    # the model reads each stop_words entry as a CSV row: every stop string must come back whole
+    assert [w for s in request.stop_words for row in csv.reader([s]) for w in row] == ["x,y", "\n"]
+    assert mapped[0].penalties == ()
+    chat = ChatCompletionRequest(
+        model=MODEL, messages=MESSAGES, max_completion_tokens=9, max_tokens=3, presence_penalty=0.5
+    )
+    chat_job = jobs(chat, ["p"])[0]
+    assert chat_job.request.max_tokens == 9 and chat_job.penalties == (("presence_penalty", 0.5),)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "x", "logprobs": 2}, "logprobs"),
+        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
+        ({"prompt": "x", "best_of": 3}, "best_of"),
+        ({"prompt": [1, 2]}, "prompt"),
+        ({"prompt": ["a", "b"], "n": 9}, "n"),
+    ],
+)
+def test_unsupported_fields_are_refused_with_the_reason(body: dict[str, object], param: str) -> None:
+    with pytest.raises(OpenAIError) as refused:
+        CompletionRequest.model_validate({"model": MODEL, **body})
+    assert refused.value.status == 400 and refused.value.param == param
+    assert refused.value.body()["error"]["param"] == param
+
+
+def test_model_errors_get_their_status() -> None:
+    assert from_model_message("top_p: must be in (0, 1]").param == "top_p"
+    assert from_model_message("text_input: must not be empty").status == 400
+    assert from_model_message("stop_words: bad").param == "stop"
+    overloaded = "70 requests are waiting for a slot (scheduler.max_waiting 64); retry later"
+    assert from_model_message(overloaded).status == 503
+    assert from_model_message("generation failed: boom").status == 500
+    # any input the model declares counts as bad input, under its own name where OpenAI has none
+    refused = from_model_message("min_tokens: must be >= 0", {"text_input", "min_tokens"})
+    assert refused.status == 400 and refused.param == "min_tokens"
+    assert from_model_message("engine: broke", {"text_input"}).status == 500
+
+
+@pytest.mark.real_model
+def test_token_split_joins_back(served_tokenizer: ServedTokenizer) -> None:
+    text = " Paris, the café of 🙂 Europe."
+    for n in (1, 3, 40):
+        pieces = served_tokenizer.split(text, n)
+        assert len(pieces) == n and "".join(pieces) == text
+    assert served_tokenizer.split("", 2) == ["", ""]
+    exact = served_tokenizer.split(" Paris is", len(served_tokenizer.tokenizer.encode(" Paris is")))
+    assert exact == [" Paris", " is"]
+
+
+@pytest.mark.real_model
+def test_usage_sums_choices_and_counts_each_prompt_once(served_tokenizer: ServedTokenizer) -> None:
+    a, b = Choice(0, 0), Choice(1, 0)
+    a.add(Piece("x", 4, final=True, stats=SpeculationStats(8, 6, 2, 0.75, 4.0, 4.0)), served_tokenizer)
+    b.add(Piece("y", 2, final=True, stats=SpeculationStats(4, 0, 2, 0.0, 1.0, 2.0)), served_tokenizer)
+    got = usage([a, b], [PROMPT], served_tokenizer)
+    prompt_tokens = served_tokenizer.count(PROMPT)
+    assert got["prompt_tokens"] == prompt_tokens and got["completion_tokens"] == 6
+    assert got["total_tokens"] == prompt_tokens + 6
+    assert got["draft_tokens"] == 12 and got["accepted_tokens"] == 6 and got["acceptance_rate"] == 0.5
+    assert got["verify_rounds"] == 4 and got["mean_accepted_length"] == 2.5
+    assert got["mean_num_draft_tokens"] == 3.0
+
+
+def test_structure_of_maps_response_format_and_tools() -> None:
+    from trispec_openai.structured import structure_of
+
+    assert structure_of({"type": "text"}, None, None, "").guide_type is None
+    guided = structure_of(CITY_FORMAT, None, None, "")
+    assert (guided.guide_type, json.loads(guided.guide or "")) == ("json_schema", CITY)
+    required = structure_of(None, [WEATHER], "required", "")
+    assert required.param == "tools" and required.tools is not None and required.tools.mode == "wrapped"
+    named = structure_of(None, [WEATHER], {"type": "function", "function": {"name": "get_weather"}}, "")
+    assert json.loads(named.guide or "") == WEATHER["function"]["parameters"]  # type: ignore[index]
+    assert named.tools is not None and named.tools.calls('{"city":"Oslo","unit":"c"}')[0]["function"] == {  # type: ignore[index]
+        "name": "get_weather",
+        "arguments": '{"city": "Oslo", "unit": "c"}',
+    }
+    assert structure_of(None, [WEATHER], "auto", "{{ '<tool_call>' }}").tools.mode == "tagged"  # type: ignore[union-attr]
+    for format_, tools, choice, param in (
+        ({"type": "xml"}, None, None, "response_format"),
+        (None, [WEATHER], "auto", "tool_choice"),  # SmolLM2's template has no tool calls
+        (None, [WEATHER], {"type": "function", "function": {"name": "nope"}}, "tool_choice"),
+        (None, [{"type": "function"}], "required", "tools"),
+        (None, None, "required", "tool_choice"),
+    ):
+        with pytest.raises(OpenAIError) as refused:
+            structure_of(format_, tools, choice, "")
+        assert refused.value.status == 400 and refused.value.param == param
