@@ -25,9 +25,9 @@ lint: $(STAMP)
 
 venv: $(STAMP)
 
-# setup.py and the C sources: `pip install -e .` compiles the kernels (trispec.engine._paged_attention,
-# trispec.engine._int8_linear)
-$(STAMP): pyproject.toml setup.py Makefile $(wildcard python_backend/trispec/engine/csrc/*) $(wildcard python_backend/trispec/sampling/csrc/*)
+# setup.py and the C sources: `pip install -e .` compiles the kernels (trispec.engine.cpu._paged_attention,
+# trispec.engine.cpu._int8_linear)
+$(STAMP): pyproject.toml setup.py Makefile $(wildcard python_backend/trispec/engine/cpu/csrc/*) $(wildcard python_backend/trispec/sampling/csrc/*) $(wildcard python_backend/trispec/csrc/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_PIN)" "numpy<2"

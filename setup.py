@@ -13,10 +13,13 @@ from setuptools.warnings import InformationOnly
 warnings.filterwarnings("ignore", message="Editable installation", category=InformationOnly)
 
 
-def kernel(name: str, package: str = "engine") -> Extension:
+def kernel(name: str, package: str = "engine.cpu") -> Extension:
+    folder = package.replace(".", "/")
     return Extension(
         f"trispec.{package}._{name}",
-        sources=[f"python_backend/trispec/{package}/csrc/{name}.c"],
+        sources=[f"python_backend/trispec/{folder}/csrc/{name}.c"],
+        # kernel_common.h, shared by every kernel
+        include_dirs=["python_backend/trispec/csrc"],
         extra_compile_args=["-O3", "-fopenmp", "-std=gnu11"],
         extra_link_args=["-fopenmp"],
         # without a C compiler the install still succeeds; the engine then falls back to torch's

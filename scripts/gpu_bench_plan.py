@@ -134,10 +134,10 @@ def memory_plan(p: Points, dtype_bytes: int, vocab_rows: int = 0) -> dict[str, A
 
 
 def round_shapes(tiny: bool, dtype: Any = None) -> list[Any]:
-    """Every ``GraphRound`` the run builds, as ``triton_aot.RoundShape`` (the sections' ``max_k``s:
+    """Every ``GraphRound`` the run builds, as ``graph_aot.RoundShape`` (the sections' ``max_k``s:
     plain 0, the oracle cells' ks, the scheduler's, the step and sampler sections' 5-row verify)."""
     import torch
-    from trispec.engine.triton_aot import EngineShape, RoundShape
+    from trispec.runners.graph_aot import EngineShape, RoundShape
 
     p = Points.of(tiny)
     dtype = dtype or torch.bfloat16

@@ -30,7 +30,7 @@ from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import Drafter
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.suffix import SuffixDrafter
-from trispec.engine.cuda_graphs import padded_size
+from trispec.engine.gpu.cuda_graphs import padded_size
 from trispec.engine.torch_engine import TorchEngine
 from trispec.llm_engine import LLMEngine
 from trispec.request import GenerationRequest

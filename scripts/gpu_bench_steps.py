@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from gpu_bench_plan import KERNEL_CASES, KERNEL_TIME_HEADS, QWEN
 from trispec.engine.base import ForwardInput
-from trispec.engine.cuda_graphs import SeqRows, StepGraphs
-from trispec.engine.static_attention import reference_paged_attention
+from trispec.engine.gpu.cuda_graphs import SeqRows, StepGraphs
+from trispec.engine.gpu.static_attention import reference_paged_attention
 from trispec.engine.torch_engine import TorchEngine
 from trispec.sampling_params import SamplingParams
 
@@ -32,7 +32,7 @@ def kernel_cases(tiny: bool, batches: tuple[int, ...], contexts: tuple[int, ...]
     """(kind, heads, KV heads, lengths, rows, splits) of every kernel-check launch: the error cases
     (ragged lengths, GQA 7 and 6, 1 and 5 rows; tiny, interpreted: each code path once), then the
     timed ones (the 7B's heads, one row, ``splits_for`` of the batch)."""
-    from trispec.engine.triton_attention import splits_for
+    from trispec.engine.gpu.triton_attention import splits_for
 
     lengths = [0, 1, 16, 17, 40 if tiny else 500]
     for heads, kv_heads, q in KERNEL_CASES:
@@ -45,7 +45,7 @@ def kernel_cases(tiny: bool, batches: tuple[int, ...], contexts: tuple[int, ...]
 
 
 def kernel_check(b: Any) -> None:
-    from trispec.engine.triton_attention import paged_attention
+    from trispec.engine.gpu.triton_attention import paged_attention
 
     D = 16 if b.tiny else 128
     g = torch.Generator(device=b.device).manual_seed(0)
@@ -65,10 +65,10 @@ def kernel_check(b: Any) -> None:
 
 
 def kernel_check_launches(tiny: bool) -> list[Any]:
-    """The kernel check's launches, recorded on the meta device (``triton_aot``)."""
+    """The kernel check's launches, recorded on the meta device (``runners/graph_aot.py``)."""
     from gpu_bench_plan import Points
-    from trispec.engine.triton_aot import recording
-    from trispec.engine.triton_attention import paged_attention
+    from trispec.engine.gpu.triton_attention import paged_attention
+    from trispec.runners.graph_aot import recording
 
     p, D, meta = Points.of(tiny), 16 if tiny else 128, torch.device("meta")
     with recording() as launches:

@@ -2,7 +2,7 @@
 1, one row: the draft's decode; five rows: a verify, not in the tiny run) launches, unfused and
 fused, and how many of them per decoder layer:
 
-* ``counted``: what the step's code issues, counted on any device by ``engine/launch_count.py`` (the
+* ``counted``: what the step's code issues, counted on any device by ``engine/gpu/launch_count.py`` (the
   CPU run prints these);
 * ``profiled`` (CUDA only): the kernels the torch profiler sees on the device for the same step, run
   eagerly (a graph replays exactly these), split per layer at the attention kernels. A failure of the
@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from trispec.engine.cuda_graphs import SeqRows, StepGraphs
-from trispec.engine.launch_count import LaunchCounter, per_layer
+from trispec.engine.gpu.cuda_graphs import SeqRows, StepGraphs
+from trispec.engine.gpu.launch_count import LaunchCounter, per_layer
 from trispec.engine.torch_engine import TorchEngine
 
 
@@ -96,8 +96,8 @@ def fused_check(b: Any, engines: dict[str, TorchEngine]) -> None:
 
 def _compare(b: Any, engine: TorchEngine) -> dict[str, Any]:
     from trispec.engine.base import ForwardInput
-    from trispec.engine.static_step import forward_static, static_attend
-    from trispec.engine.triton_attention import splits_for
+    from trispec.engine.gpu.static_step import forward_static, static_attend
+    from trispec.engine.gpu.triton_attention import splits_for
 
     g = torch.Generator().manual_seed(7)
     ctx = 200 if not b.tiny else 20

@@ -5,7 +5,7 @@ is an ``error`` row (the message and where), and the run goes on to the next sec
 
 1. ``plan``: every point's KV and device memory, before anything is built (``gpu_bench_plan.py``);
    ``warm``: every Triton variant the run launches compiled into Triton's cache, in parallel
-   (``trispec/engine/triton_aot.py``), so no timed section compiles (``triton_compiles`` in the
+   (``trispec/runners/graph_aot.py``), so no timed section compiles (``triton_compiles`` in the
    summary counts compiles after it);
 2. the copy-bandwidth ceiling; the Triton paged-attention kernel (bf16) against an fp32 reference and
    its time (``gpu_bench_steps.py``);
@@ -178,7 +178,7 @@ def warm(b: Bench) -> None:
         return
     from gpu_bench_plan import round_shapes
     from gpu_bench_steps import kernel_check_launches
-    from trispec.engine.triton_aot import compile_rounds
+    from trispec.runners.graph_aot import compile_rounds
 
     major, minor = torch.cuda.get_device_capability()
     t = time.perf_counter()

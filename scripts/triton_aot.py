@@ -1,5 +1,5 @@
 """Compile every Triton kernel of the project ahead of time for GPU targets, on any machine (no GPU):
-each launch the GPU path can make (``trispec.engine.triton_aot``) for the engines of the shipped
+each launch the GPU path can make (``trispec.runners.graph_aot``) for the engines of the shipped
 configs and of the GPU benchmark (scripts/gpu_bench_plan.py: real and tiny shapes, the latter also
 what the tests run on a device build), specialised as Triton's JIT would, compiled to a cubin per target.
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
-from trispec.engine.triton_aot import EngineShape, RoundShape, compile_rounds, kernels  # noqa: E402
+from trispec.runners.graph_aot import EngineShape, RoundShape, compile_rounds, kernels  # noqa: E402
 
 CONFIGS = ROOT / "python_backend" / "trispec" / "configs"
 # shipped configs whose weights `make test` does not install: the bench's shapes of the same models

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 # The Triton kernels run under Triton's interpreter on a machine without a GPU; the variable is read
-# when ``@triton.jit`` decorates, so it must be set before trispec.engine.triton_attention is imported.
+# when ``@triton.jit`` decorates, so it must be set before trispec.engine.gpu.triton_attention is imported.
 if not os.path.exists("/dev/nvidia0"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

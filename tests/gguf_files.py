@@ -18,7 +18,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from trispec.engine.args import ModelArgs
-from trispec.engine.weights import random_state_dict
+from trispec.engine.random_weights import random_state_dict
 
 T = GGMLQuantizationType
 # types gguf-py can quantise from floats

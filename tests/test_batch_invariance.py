@@ -31,8 +31,9 @@ from tiny import (
 )
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.ngram import NgramDrafter
-from trispec.engine import attention, gguf_linear
+from trispec.engine import attention
 from trispec.engine.base import ForwardInput
+from trispec.engine.cpu import gguf_linear
 from trispec.engine.torch_engine import TorchEngine
 from trispec.request import GenerationRequest
 
@@ -86,7 +87,7 @@ def test_every_row_of_a_linear_layer_is_the_same_bits_whatever_the_row_count(
 ) -> None:
     """Every row, not only the first: with AMX, oneDNN's bf16 GEMM changed about a fifth of the rows
     of a call from 33 rows on, and row 0 was not among them."""
-    from trispec.engine.linear import DenseLinear, Int8Linear
+    from trispec.engine.cpu.linear import DenseLinear, Int8Linear
 
     g = torch.Generator().manual_seed(4)
     weight = torch.randn(out_features, features, generator=g) * 0.05

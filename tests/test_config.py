@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from trispec.checkpoints import resolve_checkpoint
 from trispec.config import DEFAULT_CONFIG_PATH, load_config, parse_config
 from trispec.errors import ConfigError
 
@@ -113,13 +114,13 @@ def test_relative_paths_resolve_against_the_yaml(tmp_path: Path) -> None:
     cfg.write_text("target:\n  checkpoint:\n    path: weights\n")
     config = load_config(cfg)
     assert config.target.checkpoint.path == tmp_path / "weights"
-    assert config.target.checkpoint.resolve("target.checkpoint") == tmp_path / "weights"
+    assert resolve_checkpoint(config.target.checkpoint, "target.checkpoint") == tmp_path / "weights"
 
 
 def test_missing_package_is_a_config_error() -> None:
     config = parse_config({"target": {"checkpoint": {"package": "no-such-pkg-xyz", "file": "m.gguf"}}})
     with pytest.raises(ConfigError) as info:
-        config.target.checkpoint.resolve("target.checkpoint")
+        resolve_checkpoint(config.target.checkpoint, "target.checkpoint")
     assert info.value.field == "target.checkpoint.package"
 
 

@@ -11,8 +11,8 @@ from tiny import byte_tokenizer
 from tokenizers import decoders, models
 from trispec.checkpoints import smollm2_gguf
 from trispec.detokenize import IncrementalDetokenizer, StopMatcher, StopTextTracker
-from trispec.engine.gguf_tokenizer import load_tokenizer_for_gguf
 from trispec.errors import InvalidInputError
+from trispec.gguf_tokenizer import load_tokenizer_for_gguf
 from trispec.tokenizer import Tokenizer
 
 TEXTS = [

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import save_file
 from tiny import tiny_args
 from trispec.engine.build import build_transformer
-from trispec.engine.random_weights import device_state_dict
-from trispec.engine.weights import LazyStateDict, load_safetensors_dir, random_state_dict
+from trispec.engine.random_weights import device_state_dict, random_state_dict
+from trispec.engine.weights import LazyStateDict, load_safetensors_dir
 
 
 def test_device_draws_have_the_host_names_shapes_and_scales_lazily() -> None:

@@ -179,7 +179,7 @@ def test_config_errors() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA device"):
             TorchEngine.from_random(ARGS, seed=0, device="cuda")
-    from trispec.engine.model import build_transformer
+    from trispec.engine.build import build_transformer
 
     with pytest.raises(ConfigError, match="int8 weight-only runs on CPU"):  # checked before any weight
         build_transformer(ARGS, {}, weight_quant="int8", device=torch.device("meta"))

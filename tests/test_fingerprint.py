@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from trispec.config import SpecDecConfig, parse_config
-from trispec.engine.linear import DenseLinear, GGUFLinear, Int8Linear
+from trispec.engine.cpu.linear import DenseLinear, GGUFLinear, Int8Linear
 from trispec.serving import file_digests
 from trispec.serving.fingerprint import (
     NOT_OUTPUT_KEYS,

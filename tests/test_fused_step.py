@@ -1,4 +1,4 @@
-"""The fused static step (engine/fused_step.py, its Triton kernels run by the interpreter on CPU)
+"""The fused static step (engine/gpu/fused_step.py, its Triton kernels run by the interpreter on CPU)
 against the unfused static step on the same weights: logits and argmax, the keys and values written
 slot by slot, padding rows writing only to the trash block; qwen2 (QKV bias) and llama shapes, GQA 7
 and 6, q_len 1 to 5 in a 5-row step with padding sequences, and the draft's 2-row step with one
@@ -22,11 +22,11 @@ from tiny import (
 from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.model_drafter import ModelDrafter
-from trispec.engine import linear
 from trispec.engine.base import ForwardInput
-from trispec.engine.cuda_graphs import StepGraphs
-from trispec.engine.launch_count import LaunchCounter, per_layer
-from trispec.engine.static_step import forward_static, static_attend
+from trispec.engine.cpu import linear
+from trispec.engine.gpu.cuda_graphs import StepGraphs
+from trispec.engine.gpu.launch_count import LaunchCounter, per_layer
+from trispec.engine.gpu.static_step import forward_static, static_attend
 from trispec.engine.torch_engine import TorchEngine
 from trispec.llm_engine import LLMEngine
 from trispec.request import GenerationRequest
@@ -176,7 +176,7 @@ def test_rounds_on_the_fused_step_emit_target_greedy() -> None:
 def test_an_embedding_id_outside_the_table_reads_a_zero_row() -> None:
     """The fused embedding load is bounds-checked: an id past the table (or negative) reads nothing
     and gives a zero row (and a zero norm), where an unchecked load would read other memory."""
-    from trispec.engine.fused_kernels import add_rms_norm
+    from trispec.engine.gpu.fused_kernels import add_rms_norm
 
     table = torch.randn(6, 32, generator=torch.Generator().manual_seed(0))
     ids = torch.tensor([0, 6, 5, -1, 1 << 40, 3])

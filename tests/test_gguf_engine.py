@@ -16,9 +16,10 @@ from gguf_files import T, mixed_legacy, random_gguf, write_gguf
 from tiny import reference_greedy, run_to_completion, spec_engine, tiny_args, tokens_of
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.engine.base import ForwardInput
-from trispec.engine.linear import DenseLinear, GGUFLinear, gguf_rows
+from trispec.engine.cpu.linear import DenseLinear, GGUFLinear, gguf_rows
+from trispec.engine.random_weights import random_state_dict
 from trispec.engine.torch_engine import TorchEngine
-from trispec.engine.weights import load_checkpoint, random_state_dict
+from trispec.engine.weights import load_checkpoint
 from trispec.errors import ConfigError
 from trispec.request import GenerationRequest
 

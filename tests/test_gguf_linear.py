@@ -17,9 +17,9 @@ import pytest
 import torch
 from gguf.quants import dequantize
 from gguf_files import K_QUANTS, QUANTISABLE, T, random_blocks
-from trispec.engine import linear as linear_module
-from trispec.engine.linear import GGUFLinear, gguf_rows, gguf_supported
-from trispec.engine.weights import QuantBlocks
+from trispec.engine.cpu import linear as linear_module
+from trispec.engine.cpu.linear import GGUFLinear, gguf_rows, gguf_supported
+from trispec.engine.cpu.quant_blocks import QuantBlocks
 
 kernel = linear_module._gguf_kernel
 pytestmark = pytest.mark.skipif(kernel is None, reason="the GGUF extension is not built")

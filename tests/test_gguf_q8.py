@@ -16,9 +16,9 @@ import pytest
 import torch
 from gguf.quants import dequantize, quantize
 from gguf_files import K_QUANTS, T, random_blocks
-from trispec.engine import gguf_linear
-from trispec.engine.gguf_linear import GGUFLinear, integer_path
-from trispec.engine.weights import QuantBlocks
+from trispec.engine.cpu import gguf_linear
+from trispec.engine.cpu.gguf_linear import GGUFLinear, integer_path
+from trispec.engine.cpu.quant_blocks import QuantBlocks
 
 kernel = gguf_linear._gguf_kernel
 pytestmark = pytest.mark.skipif(

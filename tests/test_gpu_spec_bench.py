@@ -101,7 +101,7 @@ def test_a_failing_section_is_an_error_row_and_a_wrong_fused_step_is_switched_of
     import gpu_kernels
     import gpu_spec_bench
     import torch
-    from trispec.engine import fused_step
+    from trispec.engine.gpu import fused_step
 
     b = gpu_spec_bench.Bench(gpu_spec_bench.parse_args(["--device", "cpu", "--tiny", "--step", "fused"]))
     engine = b.engine("7b", 0, 16)

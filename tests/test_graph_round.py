@@ -20,7 +20,7 @@ from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import DraftRequest
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.engine.base import ForwardInput
-from trispec.engine.cuda_graphs import SeqRows, StepGraphs
+from trispec.engine.gpu.cuda_graphs import SeqRows, StepGraphs
 from trispec.llm_engine import LLMEngine
 from trispec.request import GenerationRequest
 from trispec.runners.graph_plan import GraphPlan

@@ -16,8 +16,9 @@ from safetensors.torch import save_file
 from tiny import ascii_tokenizer, tiny_args
 from trispec.config import CheckpointConfig, ModelConfig
 from trispec.engine.base import ForwardInput
+from trispec.engine.random_weights import random_state_dict
 from trispec.engine.torch_engine import TorchEngine
-from trispec.engine.weights import load_checkpoint, random_state_dict
+from trispec.engine.weights import load_checkpoint
 from trispec_build.hf_export import FILES, export_hf
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
@@ -72,7 +73,7 @@ def test_tiny_export_round_trips(tmp_path: Path, arch: str) -> None:
 def test_smollm2_export_round_trips(tmp_path: Path) -> None:
     """``specdec-build --export-hf`` on the default config (the real SmolLM2-135M GGUF)."""
     from trispec.checkpoints import cache_dir, smollm2_gguf
-    from trispec.engine.gguf_tokenizer import load_tokenizer_for_gguf
+    from trispec.gguf_tokenizer import load_tokenizer_for_gguf
 
     run = subprocess.run(
         [str(Path(sys.executable).parent / "specdec-build"), "--export-hf", str(tmp_path)],

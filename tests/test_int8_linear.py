@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trispec.engine import linear as linear_module
-from trispec.engine.linear import Int8Linear, quantize_per_channel
+from trispec.engine.cpu import linear as linear_module
+from trispec.engine.cpu.linear import Int8Linear, quantize_per_channel
 
 kernel = linear_module._int8_kernel
 pytestmark = pytest.mark.skipif(kernel is None, reason="the int8 extension is not built")

@@ -12,7 +12,7 @@ from tiny import ascii_tokenizer, tiny_args
 from trispec.cli.generate import main as generate_main
 from trispec.config import load_config
 from trispec.drafters.ngram import ngram_lookup
-from trispec.engine.linear import DenseLinear, Int8Linear
+from trispec.engine.cpu.linear import DenseLinear, Int8Linear
 from trispec.errors import ConfigError
 from trispec.llm import SpeculativeLLM
 

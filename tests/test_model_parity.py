@@ -16,8 +16,9 @@ from gguf_files import T, llama_cpp_permute, write_gguf
 from tiny import tiny_args
 from trispec.engine.args import ModelArgs
 from trispec.engine.base import ForwardInput
+from trispec.engine.random_weights import random_state_dict
 from trispec.engine.torch_engine import TorchEngine
-from trispec.engine.weights import load_checkpoint, load_gguf, random_state_dict, unpermute_llama_qk
+from trispec.engine.weights import load_checkpoint, load_gguf, unpermute_llama_qk
 
 transformers = pytest.importorskip("transformers")
 

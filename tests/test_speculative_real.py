@@ -12,8 +12,8 @@ from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.ngram import NgramDrafter
 from trispec.drafters.suffix import SuffixDrafter
 from trispec.engine.base import ForwardInput
-from trispec.engine.gguf_tokenizer import load_tokenizer_for_gguf
 from trispec.engine.torch_engine import TorchEngine
+from trispec.gguf_tokenizer import load_tokenizer_for_gguf
 from trispec.llm_engine import LLMEngine
 from trispec.request import GenerationRequest
 from trispec.runners.torch_runner import TorchSpecRunner

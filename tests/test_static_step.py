@@ -1,4 +1,4 @@
-"""The static step (engine/static_step.py) on CPU: the same logits as ``TorchEngine.forward`` for
+"""The static step (engine/gpu/static_step.py) on CPU: the same logits as ``TorchEngine.forward`` for
 ragged rows, padding that writes only to the trash block, the Triton kernel (interpreted) in place of
 the torch reference, and no host sync or length-dependent shape under ``torch.compile``."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from tiny import stage_feeds, tiny_engine
 from trispec.engine.base import ForwardInput
-from trispec.engine.cuda_graphs import SeqRows, StepGraphs
-from trispec.engine.static_step import StaticBatch, forward_static, static_attend
+from trispec.engine.gpu.cuda_graphs import SeqRows, StepGraphs
+from trispec.engine.gpu.static_step import StaticBatch, forward_static, static_attend
 from trispec.engine.torch_engine import TorchEngine
 
 # the interpreter turns loop bounds into ints through a deprecated numpy conversion

@@ -20,7 +20,7 @@ import pytest
 import regex
 from tokenizers import pre_tokenizers
 from trispec.checkpoints import smollm2_gguf
-from trispec.engine.gguf_tokenizer import (
+from trispec.gguf_tokenizer import (
     QWEN2_SPLIT,
     ensure_tokenizer_json,
     gguf_cache_dir,

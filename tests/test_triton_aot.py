@@ -4,7 +4,7 @@ The interpreter (every other Triton test here) never checks what a GPU compile d
 types, layouts, the shared memory of a block. ``scripts/triton_aot.py`` runs the GPU path's own code
 on the meta device for the engines of the shipped configs and of the GPU benchmark, records each
 kernel launch, specialises it as Triton's JIT would on a device, and compiles it to a cubin for
-sm_90 (H100/H200), on this CPU (``trispec/engine/triton_aot.py``). ``TRISPEC_AOT_ARCHS`` (e.g.
+sm_90 (H100/H200), on this CPU (``trispec/runners/graph_aot.py``). ``TRISPEC_AOT_ARCHS`` (e.g.
 ``80,90,100``) compiles for other targets too: every one of them passes, not run by default (the
 whole matrix takes minutes on two cores).
 """
@@ -59,7 +59,7 @@ def test_the_enumeration_misses_nothing_the_whole_product_finds() -> None:
 import dataclasses, json, sys
 sys.path.insert(0, "scripts")
 from gpu_bench_plan import round_shapes
-from trispec.engine import triton_aot as A
+from trispec.runners import graph_aot as A
 found = A.kernels()
 def deeper(engine):
     return dataclasses.replace(engine, args=dataclasses.replace(engine.args, num_layers=3))
@@ -79,3 +79,16 @@ print(json.dumps([len(short), len(full), sorted(v.describe() for v in full ^ sho
     assert run.returncode == 0, run.stderr[-3000:]
     short, full, differ = json.loads(run.stdout.strip().splitlines()[-1])
     assert short > 10 and full == short and not differ
+
+
+def test_every_module_with_a_kernel_is_compiled() -> None:
+    """``graph_aot.KERNEL_MODULES`` names every module of the package that defines a Triton kernel."""
+    package = ROOT / "python_backend"
+    defining = {
+        ".".join(p.relative_to(package).with_suffix("").parts)
+        for p in (package / "trispec").rglob("*.py")
+        if "@triton.jit" in p.read_text()
+    }
+    from trispec.runners.graph_aot import KERNEL_MODULES
+
+    assert defining == set(KERNEL_MODULES)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trispec.engine.static_attention import reference_paged_attention
+from trispec.engine.gpu.static_attention import reference_paged_attention
 
-triton_attention = pytest.importorskip("trispec.engine.triton_attention")
+triton_attention = pytest.importorskip("trispec.engine.gpu.triton_attention")
 if not triton_attention.available():
     pytest.skip("triton is not installed", allow_module_level=True)
 

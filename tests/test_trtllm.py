@@ -17,7 +17,7 @@ import yaml
 from safetensors.torch import save_file
 from tiny import TINY_VOCAB, ascii_tokenizer, byte_tokenizer, reference_greedy, tiny_args, tokens_of
 from trispec.config import load_config
-from trispec.engine.weights import random_state_dict
+from trispec.engine.random_weights import random_state_dict
 from trispec.errors import ConfigError, InvalidInputError
 from trispec.request import GenerationRequest
 from trispec.runners.kv_budget import split_kv_budget

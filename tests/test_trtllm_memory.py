@@ -15,7 +15,7 @@ from trispec.config import load_config
 from trispec.errors import ConfigError
 from trispec.runners import trtllm_setup
 from trispec.runners.trtllm_executor import TrtllmUnavailable, worker_executable
-from trispec.runners.trtllm_runner import TrtllmSpecRunner
+from trispec.runners.trtllm_setup import start_runner
 from trtllm_standin import write_engine
 
 GiB = 2**30
@@ -54,7 +54,7 @@ def test_the_budget_leaves_both_engines_weights_and_neither_executor_is_starved(
     leave the second executor a fraction of its share."""
     trtllm_bindings.GPU = trtllm_bindings.SimulatedGpu(16 * GiB)
     reads_the_simulated_gpu(monkeypatch, trtllm_bindings)
-    runner = TrtllmSpecRunner.from_config(load_config(pair(tmp_path, target_gib=6, draft_gib=2)))
+    runner = start_runner(load_config(pair(tmp_path, target_gib=6, draft_gib=2)))
     out = capsys.readouterr().out
     assert "engines' weights 8.00 GiB" in out and "GPU free 16.00 GiB" in out
     planned = runner.kv_tokens
@@ -76,7 +76,7 @@ def test_a_budget_in_gib_that_cannot_fit_beside_the_weights_is_refused(
     reads_the_simulated_gpu(monkeypatch, trtllm_bindings)
     config = load_config(pair(tmp_path, target_gib=6, draft_gib=2, kv_cache="{gib: 7}"))
     with pytest.raises(ConfigError) as info:
-        TrtllmSpecRunner.from_config(config)
+        start_runner(config)
     assert info.value.field == "trtllm.kv_cache"
     assert "7 GiB does not fit" in info.value.message and "8.00 GiB of engine weights" in info.value.message
 
@@ -89,7 +89,7 @@ def test_without_a_gpu_reading_tensorrt_llm_sizes_the_caches_and_the_runner_read
     the capacities they report after a warm-up request."""
     trtllm_bindings.GPU = trtllm_bindings.SimulatedGpu(16 * GiB)
     monkeypatch.setattr(trtllm_setup, "free_gpu_memory", lambda device: None)
-    runner = TrtllmSpecRunner.from_config(load_config(pair(tmp_path, target_gib=6, draft_gib=2)))
+    runner = start_runner(load_config(pair(tmp_path, target_gib=6, draft_gib=2)))
     out = capsys.readouterr().out
     assert "sized by TensorRT-LLM" in out
     draft_fraction = runner.draft.executor.config.kv_cache_config.free_gpu_memory_fraction
@@ -149,5 +149,5 @@ def test_bindings_without_iteration_stats_still_start(
     TensorRT-LLM and the runner starts, reporting the most its sequences could hold."""
     monkeypatch.setattr(trtllm_setup, "free_gpu_memory", lambda device: None)
     monkeypatch.delattr(trtllm_bindings.Executor, "get_latest_iteration_stats")
-    runner = TrtllmSpecRunner.from_config(load_config(pair(tmp_path, target_gib=0, draft_gib=0)))
+    runner = start_runner(load_config(pair(tmp_path, target_gib=0, draft_gib=0)))
     assert runner.kv_tokens == runner.target_info.max_batch_size * runner.target_info.usable_seq_len

@@ -23,7 +23,7 @@ from trispec.scheduler import RequestOutput, Scheduler
 from trispec.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from trispec.engine.cuda_graphs import StepGraphs
+    from trispec.engine.gpu.cuda_graphs import StepGraphs
 
 TINY_VOCAB = 320  # 256 byte tokens + room for ids the tokenizer never produces
 
@@ -64,7 +64,7 @@ def tiny_engine(seed: int = 0, arch: str = "llama", **kw: object) -> TorchEngine
 def stage_feeds(engine: TorchEngine, graphs: StepGraphs, feeds: Sequence[Sequence[int]]) -> int:
     """Sequence ``i`` (already in ``engine``) feeds ``feeds[i]`` after its cached tokens: its blocks
     reserved, its rows staged and uploaded into ``graphs``; returns the padded batch size."""
-    from trispec.engine.cuda_graphs import SeqRows  # the graph path's modules, only where used
+    from trispec.engine.gpu.cuda_graphs import SeqRows  # the graph path's modules, only where used
 
     seqs = []
     for i, feed in enumerate(feeds):

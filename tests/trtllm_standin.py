@@ -74,8 +74,8 @@ from typing import Any, ClassVar
 import torch
 from tiny import tiny_args
 from trispec.engine.base import ForwardInput
+from trispec.engine.random_weights import random_state_dict
 from trispec.engine.torch_engine import TorchEngine
-from trispec.engine.weights import random_state_dict
 from trtllm_standin_decoding import draw, runtime_sampling, target_probs, verify_external_drafts
 
 ENGINES: dict[str, TorchEngine] = {}  # one tiny model per stand-in engine, shared by executors

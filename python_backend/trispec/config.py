@@ -52,18 +52,6 @@ class CheckpointConfig(_Strict):
             raise ValueError("'file' goes with 'package'")
         return self
 
-    def resolve(self, field: str) -> Path:
-        from trispec.checkpoints import joined_parts, package_file
-
-        if self.path is not None:
-            if not self.path.exists():
-                raise ConfigError(f"{field}.path", f"{self.path} does not exist")
-            return self.path
-        if self.parts is not None:
-            return joined_parts(self.parts, field=f"{field}.parts")
-        assert self.package is not None and self.file is not None
-        return package_file(self.package, self.file, field=f"{field}.package")
-
 
 class ModelConfig(_Strict):
     checkpoint: CheckpointConfig

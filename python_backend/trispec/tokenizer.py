@@ -1,6 +1,6 @@
 """Run-time tokenizer: a ``tokenizers.Tokenizer`` plus the special ids and chat template it needs.
 
-The files come from ``engine/gguf_tokenizer.py`` (tokenizer.json + tokenizer_info.json, converted
+The files come from ``gguf_tokenizer.py`` (tokenizer.json + tokenizer_info.json, converted
 once from a GGUF) or from a Hugging Face weights folder.
 """
 

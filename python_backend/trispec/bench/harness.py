@@ -10,7 +10,7 @@ from typing import Any
 from trispec.bench.arms import Arm, DrafterPool
 from trispec.bench.closed_loop import LoopResult, run_closed_loop
 from trispec.bench.workloads import Workload
-from trispec.checkpoints import load_tokenizer
+from trispec.checkpoints import load_tokenizer, resolve_checkpoint
 from trispec.config import SpecDecConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import Drafter
@@ -43,7 +43,7 @@ class Bench:
         self._seeds = random.Random(seed)
         self.seeds: dict[str, list[int]] = {}
         self.tokenizer = load_tokenizer(config.target, "target")
-        checkpoint = load_checkpoint(config.target.checkpoint.resolve("target.checkpoint"))
+        checkpoint = load_checkpoint(resolve_checkpoint(config.target.checkpoint, "target.checkpoint"))
         self.target = build_engine(self.config.target, "target", self.config.scheduler, checkpoint)
         self.drafters = DrafterPool(self.config, checkpoint, self.target)
         self.max_concurrency = max_concurrency
@@ -142,7 +142,7 @@ class Bench:
 def _with_room(config: SpecDecConfig, concurrency: int, seq_len: int) -> SpecDecConfig:
     """KV pools large enough for ``concurrency`` sequences of ``seq_len`` tokens (fp32 upper bound on
     the target's geometry, which no draft here exceeds); never smaller than the config's."""
-    args, _ = load_checkpoint(config.target.checkpoint.resolve("target.checkpoint"))
+    args, _ = load_checkpoint(resolve_checkpoint(config.target.checkpoint, "target.checkpoint"))
     per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * 4
     block = config.scheduler.block_size
     tokens = concurrency * (seq_len + 2 * block)

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trispec.checkpoints import resolve_checkpoint
 from trispec.config import ModelConfig, SpecDecConfig
 
 # what trispec_build.hf_export writes
@@ -68,7 +69,7 @@ def _export_dir(model: ModelConfig, field: str) -> dict[str, str]:
     """Where the export of ``model`` goes (keyed by the weights file), and what to export."""
     from trispec.checkpoints import cache_dir
 
-    weights = model.checkpoint.resolve(f"{field}.checkpoint")
+    weights = resolve_checkpoint(model.checkpoint, f"{field}.checkpoint")
     stat = weights.stat()
     key = hashlib.sha256(f"{weights.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     folder = cache_dir() / "hf-export" / f"{weights.stem}-{key}"

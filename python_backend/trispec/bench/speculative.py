@@ -34,7 +34,7 @@ from trispec.bench.harness import MAX_WARMUP_RUNS, WARMUP_TOKENS, Bench
 from trispec.bench.rows import _combined_runs, combined_rows, percentiles, row
 from trispec.bench.sweep import MAX_REPEATS, run_point
 from trispec.bench.workloads import Workload, load_workloads
-from trispec.checkpoints import load_tokenizer
+from trispec.checkpoints import load_tokenizer, resolve_checkpoint
 from trispec.config import SpecDecConfig, load_config
 from trispec.errors import ConfigError, InvalidInputError
 from trispec.sampling_params import SamplingParams
@@ -157,9 +157,9 @@ def _llamacpp_anchors(args: argparse.Namespace, config: SpecDecConfig) -> dict[s
     """llama-bench on the target's and a model drafter's GGUF files, before anything of ours loads."""
     from trispec.bench.llamacpp import run_llama_bench
 
-    files = {"target": config.target.checkpoint.resolve("target.checkpoint")}
+    files = {"target": resolve_checkpoint(config.target.checkpoint, "target.checkpoint")}
     if config.drafter.model is not None:
-        files["draft"] = config.drafter.model.checkpoint.resolve("drafter.model.checkpoint")
+        files["draft"] = resolve_checkpoint(config.drafter.model.checkpoint, "drafter.model.checkpoint")
     anchors = {}
     for role, path in files.items():
         if path.suffix != ".gguf":

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 import torch
 
 from trispec.engine.args import ModelArgs
+from trispec.engine.cpu.linear import DenseLinear, GGUFLinear, Int8Linear, Linear, RowSplitLinear
 from trispec.engine.gguf_wiring import gguf_blocks_of
-from trispec.engine.linear import DenseLinear, GGUFLinear, Int8Linear, Linear, RowSplitLinear
 from trispec.engine.model import LayerWeights, Transformer
 from trispec.errors import ConfigError
 

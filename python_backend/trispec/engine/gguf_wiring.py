@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from trispec.engine.linear import gguf_supported, require_gguf_kernel
-from trispec.engine.weights import QuantBlocks
+from trispec.engine.cpu.linear import gguf_supported, require_gguf_kernel
+from trispec.engine.cpu.quant_blocks import QuantBlocks
 from trispec.errors import ConfigError
 
 logger = logging.getLogger(__name__)

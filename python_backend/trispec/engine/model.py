@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +22,9 @@ import torch.nn.functional as F
 from trispec.engine.args import ModelArgs
 from trispec.engine.attention import make_attention
 from trispec.engine.batch import Batch, SeqSpec, pack
+from trispec.engine.cpu.linear import GGUFLinear, Linear, gguf_rows
+from trispec.engine.cpu.quant_blocks import QuantBlocks
 from trispec.engine.kv_cache import KVCache
-from trispec.engine.linear import GGUFLinear, Linear, gguf_rows
-from trispec.engine.weights import QuantBlocks
 
 # attention of one layer: (q, k, v, k_cache, v_cache) -> [T, H * D], after k/v were written
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -199,12 +198,3 @@ def _distinct_bytes(tensors: list[torch.Tensor]) -> int:
     # a packed (opaque) tensor has no storage to share
     unique = {t.data_ptr() if t.layout == torch.strided else -i: t for i, t in enumerate(tensors, 1)}
     return sum(t.numel() * t.element_size() for t in unique.values())
-
-
-def __getattr__(name: str) -> Any:
-    # the build moved to build.py (it imports this module); old imports keep working
-    if name in ("build_transformer", "dense_head", "HEAD_BLOCK_ROWS"):
-        from trispec.engine import build
-
-        return getattr(build, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

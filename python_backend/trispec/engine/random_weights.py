@@ -1,5 +1,5 @@
 """Random weights of a model's real shapes, for tests and benchmarks: what each tensor is (name,
-shape, scale), drawn on the host in one sequence (``weights.random_state_dict``, fp32) or on a GPU
+shape, scale), drawn on the host in one sequence (``random_state_dict``, fp32) or on a GPU
 tensor by tensor (``device_state_dict``): a 7B model's weights drawn directly in bf16 where they will
 run take seconds, where an fp32 build on the host took minutes and 30 GB.
 
@@ -69,3 +69,14 @@ def _draw(
     g = torch.Generator(device=device).manual_seed(seed)
     t = torch.randn(shape, generator=g, device=device, dtype=dtype).mul_(std)
     return t.add_(mean) if mean else t
+
+
+def random_state_dict(args: ModelArgs, seed: int) -> dict[str, torch.Tensor]:
+    """Deterministic random HF-named weights (fp32, drawn on the host in one sequence); the shapes
+    and scales are ``random_specs``'s (``device_state_dict`` draws on a GPU)."""
+    g = torch.Generator().manual_seed(seed)
+    sd: dict[str, torch.Tensor] = {}
+    for name, shape, std, mean in random_specs(args):
+        t = torch.randn(*shape, generator=g) * std
+        sd[name] = mean + t if mean else t
+    return sd

@@ -20,7 +20,7 @@ from trispec.engine.batch import SeqSpec
 from trispec.engine.build import build_transformer
 from trispec.engine.kv_cache import BlockManager, KVCache, slots_of
 from trispec.engine.model import Transformer
-from trispec.engine.weights import random_state_dict
+from trispec.engine.random_weights import random_state_dict
 from trispec.errors import ConfigError, InvalidInputError
 
 _DTYPES = {

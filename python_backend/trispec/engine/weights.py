@@ -21,28 +21,14 @@ import json
 import mmap
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from trispec.engine.args import ModelArgs
+from trispec.engine.cpu.quant_blocks import QuantBlocks
 from trispec.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class QuantBlocks:
-    """A 2-D GGUF tensor as the file stores it: ``data`` holds its rows (output channels, HF order)
-    as ``ggml_type`` blocks, ``data.shape == (rows, row_bytes)``; ``columns`` values per row."""
-
-    ggml_type: int
-    data: torch.Tensor  # uint8 [rows, row_bytes]
-    columns: int
-
-    @property
-    def rows(self) -> int:
-        return self.data.shape[0]
 
 
 class LazyStateDict(Mapping[str, torch.Tensor]):
@@ -285,19 +271,3 @@ def _read_gguf_blocks(reader: object, tensor: object, args: ModelArgs) -> QuantB
     data = torch.from_numpy(np.ascontiguousarray(tensor.data).view(np.uint8).reshape(rows, -1).copy())  # type: ignore[attr-defined]
     _drop_pages(reader, tensor.data_offset, tensor.n_bytes)  # type: ignore[attr-defined]
     return QuantBlocks(int(tensor.tensor_type), _to_hf_rows(data, tensor, args).contiguous(), columns)  # type: ignore[attr-defined]
-
-
-# -- random weights (tests, benchmarks of model shapes) ----------------------------------------------
-
-
-def random_state_dict(args: ModelArgs, seed: int) -> dict[str, torch.Tensor]:
-    """Deterministic random HF-named weights (fp32, drawn on the host in one sequence); the shapes
-    and scales are ``random_weights.random_specs``'s (``device_state_dict`` draws on a GPU)."""
-    from trispec.engine.random_weights import random_specs
-
-    g = torch.Generator().manual_seed(seed)
-    sd: dict[str, torch.Tensor] = {}
-    for name, shape, std, mean in random_specs(args):
-        t = torch.randn(*shape, generator=g) * std
-        sd[name] = mean + t if mean else t
-    return sd

@@ -14,7 +14,7 @@ def build_runner(config: SpecDecConfig) -> SpecRunner:
 
         return TorchSpecRunner.from_config(config)
     if kind == "trtllm":
-        from trispec.runners.trtllm_runner import TrtllmSpecRunner
+        from trispec.runners.trtllm_setup import start_runner
 
-        return TrtllmSpecRunner.from_config(config)
+        return start_runner(config)
     raise ConfigError("engine.kind", f"unknown engine kind {kind!r}")

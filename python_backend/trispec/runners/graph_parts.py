@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trispec.engine.cuda_graphs import StepGraphs, padded_size
+from trispec.engine.gpu.cuda_graphs import StepGraphs, padded_size
 from trispec.runners.graph_plan import GraphPlan
 from trispec.sampling.graph_sampler import SamplerMode
 

@@ -27,7 +27,7 @@ import torch
 from trispec.drafters.base import Drafter
 from trispec.drafters.model_drafter import MAX_OWN_FEED
 from trispec.engine.base import ForwardInput
-from trispec.engine.cuda_graphs import (
+from trispec.engine.gpu.cuda_graphs import (
     GRAPH_BATCH_SIZES,
     GraphPool,
     SeqRows,

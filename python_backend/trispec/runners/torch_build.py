@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trispec.checkpoints import resolve_checkpoint
 from trispec.config import ModelConfig, SchedulerConfig, SpecDecConfig
 from trispec.drafters.base import Drafter
 from trispec.drafters.factory import model_free_drafter, suffix_drafter
@@ -22,7 +23,9 @@ Checkpoint = tuple[ModelArgs, StateDict]
 def build_engine(
     model: ModelConfig, field: str, sched: SchedulerConfig, checkpoint: Checkpoint | None = None, **kw: Any
 ) -> TorchEngine:
-    args, state_dict = checkpoint or load_checkpoint(model.checkpoint.resolve(f"{field}.checkpoint"))
+    args, state_dict = checkpoint or load_checkpoint(
+        resolve_checkpoint(model.checkpoint, f"{field}.checkpoint")
+    )
     kw.setdefault("weight_quant", "gguf" if model.weights == "gguf" else None)
     return TorchEngine.from_state_dict(
         args,
@@ -40,7 +43,7 @@ def build_engines(config: SpecDecConfig) -> tuple[TorchEngine, Drafter | None]:
     """The target engine and the drafter. A draft engine is built first: the peak while loading is
     then the finished draft plus the target in construction, not the other way round (the target's
     construction temporaries are the larger)."""
-    target_checkpoint = load_checkpoint(config.target.checkpoint.resolve("target.checkpoint"))
+    target_checkpoint = load_checkpoint(resolve_checkpoint(config.target.checkpoint, "target.checkpoint"))
     draft_engine = build_draft_engine(config, target_checkpoint)
     target = build_engine(config.target, "target", config.scheduler, target_checkpoint)
     del target_checkpoint  # its reader (and memory map) can go

@@ -26,7 +26,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from trispec.config import SpecDecConfig
 from trispec.drafters.base import Drafter
 from trispec.runners.trtllm_drafting import NO_END_ID, Draft, TrtllmDrafting
 from trispec.runners.trtllm_engines import EngineInfo, context_limit, draft_room, refusal
@@ -79,13 +78,6 @@ class TrtllmSpecRunner:
         )
         self._max_batch = min(e.max_batch_size for e in (target_info, draft_info) if e is not None)
         self._seqs: dict[int, _Seq] = {}
-
-    @classmethod
-    def from_config(cls, config: SpecDecConfig) -> TrtllmSpecRunner:
-        """Read and cross-check both engines, plan the KV budget, start the executors."""
-        from trispec.runners.trtllm_setup import start_runner
-
-        return start_runner(cls, config)
 
     @property
     def draft_logits(self) -> bool:

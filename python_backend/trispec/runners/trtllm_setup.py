@@ -14,17 +14,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from trispec.config import SpecDecConfig
 from trispec.errors import ConfigError
 from trispec.runners.kv_budget import GiB, kv_budget_bytes, split_kv_budget
 from trispec.runners.trtllm_engines import EngineInfo, check_pair, engine_weight_bytes, read_engine
 from trispec.runners.trtllm_executor import TrtllmExecutor, worker_executable
+from trispec.runners.trtllm_runner import TrtllmSpecRunner
 from trispec.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from trispec.runners.trtllm_runner import TrtllmSpecRunner
 
 logger = logging.getLogger(__name__)
 WARM_UP_TIMEOUT_S = 600.0  # the first request of an executor also loads its kernels
@@ -94,7 +91,8 @@ def plan_kv(config: SpecDecConfig, target: EngineInfo, draft: EngineInfo | None)
     return KVPlan(split.tokens, cap, cap, split.describe())
 
 
-def start_runner(cls: type[TrtllmSpecRunner], config: SpecDecConfig) -> TrtllmSpecRunner:
+def start_runner(config: SpecDecConfig) -> TrtllmSpecRunner:
+    """Read and cross-check both engines, plan the KV budget, start the executors."""
     from trispec.checkpoints import load_tokenizer
     from trispec.drafters.factory import model_free_drafter
 
@@ -128,7 +126,7 @@ def start_runner(cls: type[TrtllmSpecRunner], config: SpecDecConfig) -> TrtllmSp
             **common,
         )
     target = TrtllmExecutor(trt.target_engine_dir, free_gpu_memory_fraction=plan.target_fraction, **common)
-    runner = cls(
+    runner = TrtllmSpecRunner(
         target,
         target_info,
         draft=draft,

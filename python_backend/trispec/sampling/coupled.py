@@ -17,7 +17,7 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-from trispec.engine.cpu_isa import isa_level
+from trispec.cpu_isa import isa_level
 from trispec.sampling.kept_set import KeptSet, find_kept_sets
 from trispec.sampling.noise import gumbel
 from trispec.sampling_params import SamplingParams

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trispec.checkpoints import resolve_checkpoint
 from trispec.config import ModelConfig, SpecDecConfig
 from trispec.serving.file_digests import sha256_of, sha256_of_tree
 
@@ -104,7 +105,7 @@ def output_config(config: SpecDecConfig) -> dict[str, Any]:
 
 
 def weights_digest(model: ModelConfig, field_name: str) -> str:
-    path = model.checkpoint.resolve(f"{field_name}.checkpoint")
+    path = resolve_checkpoint(model.checkpoint, f"{field_name}.checkpoint")
     return sha256_of_tree(path) if path.is_dir() else sha256_of(path)
 
 
@@ -112,11 +113,11 @@ def tokenizer_files(model: ModelConfig, field_name: str) -> list[Path]:
     """The files the model's tokenizer is read from (as ``checkpoints.load_tokenizer`` finds them)."""
     if model.tokenizer is not None:
         return [model.tokenizer]
-    weights = model.checkpoint.resolve(f"{field_name}.checkpoint")
+    weights = resolve_checkpoint(model.checkpoint, f"{field_name}.checkpoint")
     if weights.is_dir():
         return [weights / "tokenizer.json"]
     from trispec.checkpoints import cache_dir
-    from trispec.engine.gguf_tokenizer import INFO_FILE, ensure_tokenizer_json, gguf_cache_dir
+    from trispec.gguf_tokenizer import INFO_FILE, ensure_tokenizer_json, gguf_cache_dir
 
     # converted from the GGUF once (as loading the model does), so the digest never depends on order
     tokenizer_json = ensure_tokenizer_json(weights, gguf_cache_dir(weights, cache_dir()) / "tokenizer.json")
@@ -140,10 +141,10 @@ def numerics_path(config: SpecDecConfig, isa_dependent: bool = True) -> str:
     if any(d.startswith("cuda") for d in devices):
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else "unavailable"
         return f"cuda {name}, CUDA {torch.version.cuda}"
-    from trispec.engine import attention, linear
+    from trispec.engine.cpu import linear, paged_attention
 
     capability = torch.backends.cpu.get_cpu_capability().lower()
-    if attention._kernel is None or linear._int8_kernel is None:
+    if not paged_attention.kernel_built() or linear._int8_kernel is None:
         # SDPA and torch's int8 matmul instead: not even batch-invariant
         return f"cpu {capability} no-c-kernels"
     if not isa_dependent:
@@ -163,7 +164,7 @@ def numerics_path(config: SpecDecConfig, isa_dependent: bool = True) -> str:
 def uses_onednn(runner: object) -> bool:
     """Whether a linear layer of the loaded target or draft model is one oneDNN computes (anything
     but our GGUF and int8 kernels). A runner this does not know counts as yes."""
-    from trispec.engine.linear import GGUFLinear, Int8Linear
+    from trispec.engine.cpu.linear import GGUFLinear, Int8Linear
 
     drafter = getattr(runner, "drafter", None)
     engines = [

@@ -8,15 +8,28 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Literal, Protocol
 
 import numpy as np
 
 from trispec.scheduler import RequestOutput
 from trispec.serving.tensors import ParsedRequest, PerfMetrics, response_tensors, skipped_digest
 
-if TYPE_CHECKING:
-    from trispec.serving.loop import ResponseSink
+# what an error response says to the client: Triton's INTERNAL, INVALID_ARG (HTTP 400) or
+# UNAVAILABLE (HTTP 503, gRPC UNAVAILABLE: retry later or elsewhere)
+ErrorKind = Literal["internal", "invalid", "unavailable"]
+
+
+class ResponseSink(Protocol):
+    """Where one request's responses go."""
+
+    def is_cancelled(self) -> bool: ...
+
+    def send(self, tensors: dict[str, np.ndarray], final: bool) -> None: ...
+
+    def send_error(self, message: str, kind: ErrorKind = "internal") -> None:
+        """An error response that also ends the request."""
+        ...
 
 
 @dataclass(eq=False)

@@ -18,16 +18,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
-
-import numpy as np
+from typing import Protocol
 
 from trispec.errors import Overloaded
 from trispec.llm_engine import LLMEngine
 from trispec.scheduler import RequestOutput
 from trispec.sequence import FinishReason
 from trispec.serving.heartbeat import Heartbeat
-from trispec.serving.live import Group, Live, groups
+from trispec.serving.live import ErrorKind, Group, Live, ResponseSink, groups
 from trispec.serving.tensors import (
     ParsedRequest,
     as_tensor_error,
@@ -37,23 +35,6 @@ from trispec.step import KVUsage
 
 logger = logging.getLogger(__name__)
 __all__ = ["ErrorKind", "Heartbeat", "QueueLimits", "ResponseSink", "RoundReport", "ServingLoop"]
-
-
-# what an error response says to the client: Triton's INTERNAL, INVALID_ARG (HTTP 400) or
-# UNAVAILABLE (HTTP 503, gRPC UNAVAILABLE: retry later or elsewhere)
-ErrorKind = Literal["internal", "invalid", "unavailable"]
-
-
-class ResponseSink(Protocol):
-    """Where one request's responses go."""
-
-    def is_cancelled(self) -> bool: ...
-
-    def send(self, tensors: dict[str, np.ndarray], final: bool) -> None: ...
-
-    def send_error(self, message: str, kind: ErrorKind = "internal") -> None:
-        """An error response that also ends the request."""
-        ...
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # model config parameter holding the YAML path; empty means the built-in default config
 CONFIG_PARAMETER = "specdec_config"
 
-# torch's packed fp32 linear (oneDNN, engine/linear.py) JIT-compiles and caches a kernel per input row
+# torch's packed fp32 linear (oneDNN, engine/cpu/linear.py) JIT-compiles and caches a kernel per input row
 # count: up to 1024 primitives in oneDNN's cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY) and 1024 descriptors
 # in ideep's (LRU_CACHE_CAPACITY), each about 1-2 MB. A serving batch has a new row count almost every
 # round, so with the defaults the stub's RSS climbed by hundreds of MB for many minutes (memray: the

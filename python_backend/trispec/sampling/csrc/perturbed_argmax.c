@@ -33,7 +33,7 @@
 #include <stdlib.h>
 
 /* usable_isa() and isa_level(): which ISA copy runs (shared with the engine's kernels) */
-#include "../../engine/csrc/kernel_common.h"
+#include "kernel_common.h"
 
 #define STREAM 0x53504543u /* "SPEC": this use of a request's seed, apart from any other */
 #define BUCKET_SHIFT 20 /* 4096 buckets of the 32-bit words */

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from trispec.engine.gpu.static_attention import reference_paged_attention
 from trispec.engine.kv_cache import KVCache
 from trispec.engine.model import Attend, Transformer, rms_norm
-from trispec.engine.static_attention import reference_paged_attention
 
 
 @dataclass
@@ -106,7 +106,7 @@ def forward_static(
     ``sb.out_tokens`` and return those rows' logits (model dtype, on the device). ``fused``: the
     layers of ``fused_step.py`` (Triton kernels: CUDA, or the CPU under ``TRITON_INTERPRET=1``)."""
     if fused:
-        from trispec.engine.fused_step import forward_fused
+        from trispec.engine.gpu.fused_step import forward_fused
 
         x = forward_fused(model, kv, sb.tokens, sb.positions, sb.slots, sb.logit_rows, attend)
     else:
@@ -128,7 +128,7 @@ def static_attend(sb: StaticBatch, block_size: int, scale: float, kind: str, spl
     (the reference; any device, static shapes)."""
     meta = (sb.block_tables, sb.seq_lens, sb.q_lens)
     if kind == "triton":
-        from trispec.engine.triton_attention import paged_attention
+        from trispec.engine.gpu.triton_attention import paged_attention
 
         kernel = functools.partial(paged_attention, block_size=block_size, scale=scale, splits=splits)
     elif kind == "torch":

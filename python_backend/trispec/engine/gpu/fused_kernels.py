@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from trispec.engine.launch_count import launch
+from trispec.engine.gpu.launch_count import launch
 
 try:
     import triton

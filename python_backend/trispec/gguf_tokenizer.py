@@ -129,7 +129,7 @@ def build_tokenizer(data: GGUFTokenizerData) -> Tokenizer:
     if pre is None:
         raise ValueError(
             f"tokenizer.ggml.pre {data.pre!r} is not supported; known: {sorted(PRE_TOKENIZERS)}. "
-            "Add its split regex to trispec.engine.gguf_tokenizer.PRE_TOKENIZERS."
+            "Add its split regex to trispec.gguf_tokenizer.PRE_TOKENIZERS."
         )
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())

@@ -21,10 +21,10 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from trispec.engine.cpu_isa import isa_level
+from trispec.cpu_isa import isa_level
 
 try:
-    from trispec.engine import _int8_linear as _int8_kernel
+    from trispec.engine.cpu import _int8_linear as _int8_kernel
 except ImportError:  # built by `pip install`; absent if no C compiler was found then
     _int8_kernel = None
 
@@ -246,7 +246,7 @@ class RowSplitLinear:
 
 
 # GGUF blocks: their own module; imported here too, where they always lived
-from trispec.engine.gguf_linear import (  # noqa: E402
+from trispec.engine.cpu.gguf_linear import (  # noqa: E402
     GGUF_FORMATS,
     GGUFLinear,
     _gguf_kernel,

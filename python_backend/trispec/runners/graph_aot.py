@@ -37,8 +37,8 @@ from trispec.engine.args import ModelArgs
 
 # every module of the project that defines a @triton.jit kernel (tests check none is missing)
 KERNEL_MODULES = (
-    "trispec.engine.triton_attention",
-    "trispec.engine.fused_kernels",
+    "trispec.engine.gpu.triton_attention",
+    "trispec.engine.gpu.fused_kernels",
     "trispec.sampling.triton_argmax",
 )
 # the most shared memory a block may use (bytes): Triton's launcher refuses more (OutOfResources)
@@ -193,7 +193,7 @@ def round_launches(shape: RoundShape, exhaustive: bool = False) -> list[Launch]:
     the draft's steps do not depend on ``max_k``; two layers show every layer's launches.
     ``exhaustive`` runs the whole product, every layer (the tests check it finds nothing more)."""
     from trispec.drafters.model_drafter import ModelDrafter
-    from trispec.engine.cuda_graphs import GRAPH_BATCH_SIZES
+    from trispec.engine.gpu.cuda_graphs import GRAPH_BATCH_SIZES
     from trispec.runners.graph_round import GraphRound
     from trispec.sampling.graph_sampler import GREEDY
 
@@ -228,7 +228,7 @@ def round_launches(shape: RoundShape, exhaustive: bool = False) -> list[Launch]:
 
 def split_sizes(sizes: Sequence[int], num_kv_heads: int) -> list[int]:
     """The smallest padded size of each split count ``splits_for`` gives, and the largest size."""
-    from trispec.engine.triton_attention import splits_for
+    from trispec.engine.gpu.triton_attention import splits_for
 
     first: dict[int, int] = {}
     for b in sorted(sizes):

@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 
-from trispec.engine.cpu_isa import isa_level, q8_level
-from trispec.engine.weights import QuantBlocks
+from trispec.cpu_isa import isa_level, q8_level
+from trispec.engine.cpu.quant_blocks import QuantBlocks
 from trispec.errors import ConfigError
 
 try:
-    from trispec.engine import _gguf_linear as _gguf_kernel
+    from trispec.engine.cpu import _gguf_linear as _gguf_kernel
 except ImportError:  # built by `pip install`; absent if no C compiler was found then
     _gguf_kernel = None
 

@@ -1,4 +1,4 @@
-/* What both C kernels share (included once by each, after Python.h): bfloat16 conversions, and
+/* What every C kernel shares (included once by each, after Python.h): bfloat16 conversions, and
  * which ISA copy of a kernel this CPU runs. */
 #include <stdint.h>
 #include <stdlib.h>

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from trispec.engine.gpu.static_step import FUSED_DEFAULT, StaticBatch, forward_static, static_attend
+from trispec.engine.gpu.triton_attention import splits_for
 from trispec.engine.kv_cache import blocks_for, slots_of
-from trispec.engine.static_step import FUSED_DEFAULT, StaticBatch, forward_static, static_attend
 from trispec.engine.torch_engine import TorchEngine
-from trispec.engine.triton_attention import splits_for
 from trispec.sampling.graph_sampler import GREEDY, SamplerMode, SamplingRows, choose_tokens
 from trispec.sampling_params import SamplingParams
 

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from trispec.engine.launch_count import launch
+from trispec.engine.gpu.launch_count import launch
 
 try:
     import triton

@@ -17,9 +17,9 @@ import weakref
 
 import torch
 
-from trispec.engine.fused_kernels import add_rms_norm, bias_rope_write, silu_mul
+from trispec.engine.cpu.linear import DenseLinear, Linear
+from trispec.engine.gpu.fused_kernels import add_rms_norm, bias_rope_write, silu_mul
 from trispec.engine.kv_cache import KVCache
-from trispec.engine.linear import DenseLinear, Linear
 from trispec.engine.model import Attend, Transformer, rms_norm
 
 
