@@ -287,9 +287,10 @@ def self_draft(b: Any, target: TorchEngine, plain_runs: dict) -> None:
             skipped="no plain batch-1 run" if 1 in plain_runs else "time budget",
         )
         return
-    blocks = -(-self_draft_tokens(b.p) // target.block_size) + 1
-    engine = TorchEngine(target.model, num_blocks=blocks, block_size=target.block_size,
-                         max_context=blocks * target.block_size)  # fmt: skip
+    blocks = -(-self_draft_tokens(b.p) // target.block_size)
+    engine = TorchEngine(
+        target.model, num_blocks=blocks, block_size=target.block_size, max_context=b.p.max_context
+    )
     tok_s, outputs = plain_runs[1]
     speculative(b, target, ModelDrafter(engine), SELF_DRAFT_K, None, outputs[:1], tok_s, "7b-self", GREEDY)
 

@@ -95,8 +95,9 @@ def kv_tokens(p: Points) -> dict[str, int]:
 
 
 def self_draft_tokens(p: Points) -> int:
-    """The 7B as its own draft (batch 1): a KV pool of its own, this size."""
-    return _seqs(1, p.prompt + p.tokens + SELF_DRAFT_K + 2)
+    """The 7B as its own draft (batch 1): a KV pool of its own, this size (its whole context: the same
+    block-table width as the other engines, so the same compiled kernels)."""
+    return max(_seqs(1, p.prompt + p.tokens + SELF_DRAFT_K + 2), p.max_context)
 
 
 def kv_bytes_per_token(name: str, tiny: bool, dtype_bytes: int) -> int:

@@ -11,8 +11,8 @@ fused, and how many of them per decoder layer:
 And ``fused_check``, before any section runs the fused step: per model, one prefilled context, then a
 step of 1 and of 5 rows at batch 1 and 8 on the fused and the unfused layers from the same KV; the
 largest logit difference (and against the largest logit), NaNs, and how often their argmaxes agree.
-Where the fused step raises or is off by more than ``FUSED_TOLERANCE`` (bf16 rounding is a few
-hundredths of the largest logit; a wrong kernel is of its order), the run measures the unfused step.
+Where the fused step raises, gives a NaN or is off by more than ``FUSED_TOLERANCE`` of the largest
+logit, the run measures the unfused step.
 """
 
 from __future__ import annotations
@@ -70,7 +70,10 @@ def _one(b: Any, engine: TorchEngine, rows: int, fused: bool) -> dict[str, Any]:
     return out
 
 
-FUSED_TOLERANCE = {"max_rel_diff": 0.1, "argmax_agree": 0.9}
+# of the largest logit: bf16 rounding, layer after layer, moves logits by a few hundredths of it, a
+# wrong kernel by its order. An argmax that differs is a near-tie within twice the largest difference
+# (each logit moved by at most that much), so the agreement is reported, not checked.
+FUSED_TOLERANCE = 0.1
 
 
 def fused_check(b: Any, engines: dict[str, TorchEngine]) -> None:
@@ -82,8 +85,7 @@ def fused_check(b: Any, engines: dict[str, TorchEngine]) -> None:
             row = _compare(b, engine)
         except Exception as e:
             row = {"error": f"{type(e).__name__}: {e}"[:300]}
-        bad = "error" in row or row["nan"] or row["max_rel_diff"] > FUSED_TOLERANCE["max_rel_diff"]
-        bad = bad or row.get("argmax_agree", 0) < FUSED_TOLERANCE["argmax_agree"]
+        bad = "error" in row or row["nan"] or row["max_rel_diff"] > FUSED_TOLERANCE
         b.emit(section="fused_check", model=name, ok=not bad, **row)
         if bad:
             failures.append(name)

@@ -34,6 +34,13 @@ CONFIGS = ROOT / "python_backend" / "trispec" / "configs"
 NOT_INSTALLED = {"qwen-coder-pair.yaml": ("1.5b", "0.5b", 151936)}
 
 
+def args_of(checkpoint: Any, field: str) -> Any:
+    from trispec.checkpoints import resolve_checkpoint
+    from trispec.engine.weights import load_checkpoint
+
+    return load_checkpoint(resolve_checkpoint(checkpoint, field))[0]
+
+
 def config_shapes(notes: list[str]) -> list[RoundShape]:
     """Each shipped config as served on CUDA: its target and drafter, dtypes, ``max_k``, block size
     and context (a self-draft runs in bf16; weights kept as GGUF blocks are CPU-only: not here)."""
@@ -41,7 +48,6 @@ def config_shapes(notes: list[str]) -> list[RoundShape]:
 
     from gpu_bench_plan import model_args
     from trispec.config import load_config
-    from trispec.engine.weights import load_checkpoint
     from trispec.errors import ConfigError
 
     shapes = []
@@ -52,11 +58,11 @@ def config_shapes(notes: list[str]) -> list[RoundShape]:
             continue
         s, d = config.scheduler, config.drafter
         try:
-            target_args = load_checkpoint(config.target.checkpoint.resolve("target.checkpoint"))[0]
+            target_args = args_of(config.target.checkpoint, "target.checkpoint")
             draft_args = None
             if d.kind == "model":
                 assert d.model is not None
-                draft_args = load_checkpoint(d.model.checkpoint.resolve("drafter.model.checkpoint"))[0]
+                draft_args = args_of(d.model.checkpoint, "drafter.model.checkpoint")
         except ConfigError:
             target_name, draft_name, vocab = NOT_INSTALLED[path.name]
             notes.append(f"{path.name}: weights not installed, the bench's {target_name}/{draft_name} shapes")
