@@ -9,11 +9,11 @@ is an ``error`` row (the message and where), and the run goes on to the next sec
    summary counts compiles after it);
 2. the copy-bandwidth ceiling; the Triton paged-attention kernel (bf16) against an fp32 reference and
    its time (``gpu_bench_steps.py``);
-3. ``kernels`` (``gpu_kernels.py``): per model, the kernels one step launches, unfused and fused,
-   counted from the code and, on CUDA, by the profiler (a profiler error is a ``profiler_error``, not a
-   step error); ``fused_check``: the fused step against the unfused one on the device (largest logit
-   difference, argmax agreement) for every model, before any section uses it: where it fails or
-   raises, the run measures the unfused step (``fused_step_failed``);
+3. ``fused_check`` (``gpu_kernels.py``): the fused step against the unfused one on the device (largest
+   logit difference, argmax agreement) for every model, before any section uses it: where it fails or
+   raises, the run measures the unfused step (``fused_step_failed``); ``kernels``: per model, the
+   kernels one step launches, unfused and fused, counted from the code and, on CUDA, by the profiler
+   (a profiler error is a ``profiler_error``, not a step error);
 4. step costs: eager against graph replay for 0.5B, 1.5B, 7B at batch 1, 8, 32, context 512, 2048,
    with GB/s, verify/decode and draft/target ratios; at context 512 the other step beside;
 5. greedy generation (``gpu_bench_generation.py``): plain tok/s on graphs at batch 1, 8, 32, 256 and
@@ -231,8 +231,8 @@ def main(args: argparse.Namespace) -> None:
         engine = b.section("build", b.engine, model, i, kv_mb[model])
         if engine is not None:
             engines[model] = engine
+    b.section("fused_check", fused_check, b, engines)  # before anything runs the fused step
     b.section("kernels", kernels_section, b, engines)
-    b.section("fused_check", fused_check, b, engines)
     b.section("step", steps.step_costs, b, engines, copy_gbs)
     b.section("ratios", steps.ratios, b)
     target, draft = engines.get("7b"), engines.get("0.5b")
