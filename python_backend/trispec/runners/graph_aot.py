@@ -3,8 +3,10 @@
 The launches are not listed by hand: the path's own code runs on the ``meta`` device (shapes, strides
 and offsets, no data) with each ``@triton.jit`` kernel of the project replaced by a recorder, so each
 launch site computes its block sizes, splits and constexprs as it does on a GPU. ``GraphRound``'s
-verify, draft-first and draft-next steps run for every padded batch size, sampler mode, fused and
-unfused layers and ``max_k`` of the engines given (``RoundShape``); the eager path's sampled rows too.
+verify, draft-first and draft-next steps run for the engines given (``RoundShape``) at every ``max_k``,
+fused and unfused, in every sampler mode, at one padded size per split-KV count (what a padded size
+changes in a kernel; ``round_launches`` says why the rest adds nothing, and the tests check it); the
+eager path's sampled rows too.
 
 Each recorded launch is then specialised as Triton's JIT would specialise it on the device (its own
 binder: argument types, the 1 / divisible-by-16 integer and pointer-alignment attributes, the options)
