@@ -8,8 +8,10 @@
   the speculative run itself emits; the timed pass drafts from that. The verify's numbers depend on the
   token prefix and the batch, not on which row a token sits in, so the second pass keeps to its oracle
   past any bf16 near-tie where verify and plain decoding part (the first H100 run's k >= 4 rows broke
-  there). Where the timed output and plain first differ, a ``divergence`` row gives the position and
-  the target's two logits there (from an eager forward of the speculative prefix);
+  there). The oracle's drafts are drawn before the timed loop (``oracle_table``): a round costs one
+  gather into pinned memory and one copy. Where the timed output and plain first differ, a
+  ``divergence`` row gives the position and the target's two logits there (from an eager forward of
+  the speculative prefix);
 * the same sampled (``temperature`` 0.7, seeded: the coupled rule on the device), and with a suffix
   draft (model-free: proposals staged with the verify rows, no draft replays).
 """
