@@ -11,6 +11,10 @@ ran eagerly, some or all):
 * ``suffix``: greedy, suffix drafts (model-free, on the verify graph);
 * ``mix``: twice the batch of requests through ``batch`` slots, so newcomers arrive (their prompts
   fed beside the others' decodes) while others decode; every other request sampled, suffix drafts.
+
+Before an arm's timed drain, every graph it can replay is captured: each padded size up to its batch's,
+in each sampler mode its requests can make (a mix's batch shrinks and grows as requests come and go:
+a size first met inside the timing would be captured there).
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpu_bench_plan import SCHEDULER_K
 from trispec.config import SchedulerConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import Drafter
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.suffix import SuffixDrafter
+from trispec.engine.gpu.cuda_graphs import padded_size
 from trispec.engine.torch_engine import TorchEngine
 from trispec.llm_engine import LLMEngine
 from trispec.request import GenerationRequest
@@ -32,8 +38,9 @@ from trispec.runners.graph_round import GraphRound
 from trispec.runners.torch_runner import TorchSpecRunner
 from trispec.scheduler import Scheduler
 
-ARMS = ("plain", "model", "sampled", "suffix", "mix")
-K = 3
+GREEDY_ARMS = ("plain", "model", "suffix")
+SAMPLED_ARMS = ("sampled", "mix")
+K = SCHEDULER_K
 
 
 class _NoText:
@@ -44,7 +51,7 @@ class _NoText:
 
 
 def _llm(b: Any, target: TorchEngine, drafter: Drafter | None, batch: int) -> LLMEngine:
-    graphs = GraphRound(target, drafter, max_k=K, sizes=b.sizes, capture=b.cuda, fused=b.fused)
+    graphs = GraphRound(target, drafter, max_k=K, sizes=b.p.sizes, capture=b.cuda, fused=b.fused)
     runner = TorchSpecRunner(target, drafter, graphs)
     config = SchedulerConfig(
         max_num_draft_tokens=K,
@@ -67,7 +74,7 @@ def _requests(b: Any, arm: str, n: int, vocab: int, tokens: int) -> list[Generat
         sampled = arm == "sampled" or (arm == "mix" and i % 2)
         out.append(
             GenerationRequest(
-                prompt_token_ids=[rng.randrange(vocab) for _ in range(16 if b.tiny else 64)],
+                prompt_token_ids=[rng.randrange(vocab) for _ in range(b.p.prompt)],
                 max_tokens=tokens if arm != "mix" else rng.randrange(tokens // 2, tokens + 1),
                 num_draft_tokens=0 if arm in ("plain", "sampled") else K,
                 temperature=0.7 if sampled else 0.0,
@@ -93,7 +100,8 @@ def scheduler_arm(b: Any, target: TorchEngine, draft: TorchEngine, arm: str, bat
     llm = _llm(b, target, drafter, batch)
     runner = llm.runner
     tokens = b.tokens // 2 if batch > 1 else b.tokens
-    _drain(llm, _requests(b, arm, batch, target.vocab_size, 4))  # warm-up: captures every graph it needs
+    _drain(llm, _requests(b, arm, batch, target.vocab_size, 4))  # warm-up
+    capture_all(runner.graphs, batch, sampled=arm in SAMPLED_ARMS)  # type: ignore[attr-defined]
     steps, graph, eager = llm.stats.steps, runner.graph_rounds, runner.eager_rounds  # type: ignore[attr-defined]
     b.sync()
     t = time.perf_counter()
@@ -110,15 +118,32 @@ def scheduler_arm(b: Any, target: TorchEngine, draft: TorchEngine, arm: str, bat
     }
 
 
-def scheduler_section(b: Any, target: TorchEngine, draft: TorchEngine, graph_ms: dict[tuple, float]) -> None:
-    ctx = b.contexts[0]
-    for arm in ARMS:
-        for batch in b.batches:
+def capture_all(graphs: GraphRound, batch: int, sampled: bool) -> None:
+    """Capture every graph size up to ``batch``'s in greedy mode and, for sampled arms, with noise
+    (temperature only: no top-k / top-p or log-probs in these arms)."""
+    from trispec.sampling.graph_sampler import GREEDY, SamplerMode
+
+    modes = [GREEDY, SamplerMode(noise=True)] if sampled else [GREEDY]
+    top = padded_size(min(batch, graphs.sizes[-1]), graphs.sizes) or graphs.sizes[-1]
+    for size in [s for s in graphs.sizes if s <= top]:
+        for mode in modes:
+            graphs.verify.ensure_captured(size, mode)
+            if graphs.first is not None and graphs.next is not None:
+                graphs.first.ensure_captured(size, mode)
+                graphs.next.ensure_captured(size, mode)
+
+
+def scheduler_section(b: Any, target: TorchEngine, draft: TorchEngine, arms: tuple[str, ...]) -> None:
+    ctx = b.p.contexts[0]
+    for arm in arms:
+        for batch in b.p.batches:
             if not b.time_left(6 if b.tiny else 20):
                 b.emit(section="scheduler", arm=arm, batch=batch, skipped="time budget")
                 continue
-            row = scheduler_arm(b, target, draft, arm, batch)
-            bare = graph_ms.get(("7b", ctx, batch, 1))
+            row = b.section("scheduler", scheduler_arm, b, target, draft, arm, batch)
+            if row is None:
+                continue
+            bare = b.graph_ms.get(("7b", ctx, batch, 1))
             if arm == "plain" and bare:
                 row["host_ms"] = round(row["ms_per_step"] - bare * 1e3, 3)
             b.emit(section="scheduler", arm=arm, batch=batch, **row)

@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 
+import aot_compile
 import pytest
 
 # fixtures shared by several test files, registered here for all of them (docs/development.md)
@@ -44,3 +45,13 @@ def trtllm_bindings() -> Iterator[object]:
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # the GPU compile of every Triton kernel runs beside the suite, niced (tests/aot_compile.py)
+    if any(item.nodeid.endswith(aot_compile.TEST) for item in session.items):
+        aot_compile.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    aot_compile.stop()

@@ -171,3 +171,19 @@ def test_rounds_on_the_fused_step_emit_target_greedy() -> None:
     assert runner.graph_rounds > 0 and runner.eager_rounds == 0
     for rid, prompt in zip(ids, prompts, strict=True):
         assert tokens_of(outputs[rid]) == reference_greedy(prompt, 6)
+
+
+def test_an_embedding_id_outside_the_table_reads_a_zero_row() -> None:
+    """The fused embedding load is bounds-checked: an id past the table (or negative) reads nothing
+    and gives a zero row (and a zero norm), where an unchecked load would read other memory."""
+    from trispec.engine.gpu.fused_kernels import add_rms_norm
+
+    table = torch.randn(6, 32, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([0, 6, 5, -1, 1 << 40, 3])
+    residual = torch.full((6, 32), float("nan"))
+    normed = add_rms_norm(table, 1e-6, rows=ids, residual=residual)
+    inside = torch.tensor([0, 2, 5])
+    assert torch.equal(residual[inside], table[ids[inside]])
+    assert torch.allclose(normed[inside], torch.nn.functional.rms_norm(table[ids[inside]], (32,), eps=1e-6))
+    outside = torch.tensor([1, 3, 4])
+    assert not residual[outside].any() and not normed[outside].any()

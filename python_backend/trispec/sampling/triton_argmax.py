@@ -34,10 +34,12 @@ if triton is not None:
         position = tl.load(positions_ptr + row)
         position_lo = (position & 0xFFFFFFFF).to(tl.uint32)
         position_hi = ((position >> 32) & 0xFFFFFFFF).to(tl.uint32)
-        best = -float("inf")
+        # typed as the loop reassigns them (fp64 scores, int64 tie counts): a compiled kernel keeps a
+        # loop-carried variable's type (the interpreter does not check it)
+        best = tl.full((), float("-inf"), tl.float64)
         best_id = V
         first_kept = V
-        seen_ties = 0
+        seen_ties = tl.zeros((), tl.int64)
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             in_row = offs < V

@@ -3,7 +3,8 @@
 * ``add_rms_norm``: the residual add and the RMSNorm after it (and the embedding lookup before the
   first layer, and the final norm over only the logit rows);
 * ``bias_rope_write``: the QKV projection's bias, the rotary embedding of q and k, and the paged
-  KV write, in place over the projection's output;
+  KV write, in place over the projection's output (a barrier between the row's loads and its stores:
+  a lane's rotary partner may live in another warp);
 * ``silu_mul``: SiLU(gate) * up.
 
 Each computes in float32 and rounds where the unfused op it replaces rounds (x * cos before the
@@ -34,22 +35,26 @@ def _warps(block: int) -> int:
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_rows"])  # one compiled kernel whatever the row count
     def _add_rms_norm(
         x_ptr, rows_ptr, delta_ptr, weight_ptr, res_ptr, out_ptr,
-        stride_x, stride_delta, stride_res, stride_out, N, eps,
+        stride_x, stride_delta, stride_res, stride_out, N, eps, num_rows,
         BLOCK: tl.constexpr, HAS_ROWS: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_WEIGHT: tl.constexpr,
         WRITE_RES: tl.constexpr,
     ):  # fmt: skip
         i = tl.program_id(0)
         r = i
-        if HAS_ROWS:
-            r = tl.load(rows_ptr + i)
         n = tl.arange(0, BLOCK)
         ok = n < N
-        s = tl.load(x_ptr + r * stride_x + n, mask=ok, other=0.0).to(tl.float32)
+        read = ok
+        if HAS_ROWS:
+            r = tl.load(rows_ptr + i)
+            # a row outside x (a token id past the embedding table) reads nothing: a zero row, whose
+            # norm is zero, where F.embedding would stop the device with an assert
+            read = ok & (r >= 0) & (r < num_rows)
+        s = tl.load(x_ptr + r * stride_x + n, mask=read, other=0.0).to(tl.float32)
         if HAS_DELTA:
-            s += tl.load(delta_ptr + r * stride_delta + n, mask=ok, other=0.0).to(tl.float32)
+            s += tl.load(delta_ptr + r * stride_delta + n, mask=read, other=0.0).to(tl.float32)
             # the residual stream is held in the model's dtype: normalise the value it holds
             s = s.to(res_ptr.dtype.element_ty).to(tl.float32)
         if WRITE_RES:
@@ -86,7 +91,9 @@ if triton is not None:
         xr = xr.to(qkv_ptr.dtype.element_ty).to(tl.float32)
         xc = (x * cos[None, :]).to(qkv_ptr.dtype.element_ty).to(tl.float32)
         y = tl.where((h < H + KV)[:, None], xc + xr * sin[None, :], x)
-        # q, k, v back in place (the attention reads q from there), then k and v into the caches
+        # q, k, v back in place (the attention reads q from there), then k and v into the caches. A lane's
+        # partner (rolled) may be held by another warp: every load of the row is done before any store
+        tl.debug_barrier()
         tl.store(at + d[None, :], y.to(qkv_ptr.dtype.element_ty), mask=ok)
         is_k = ((h >= H) & (h < H + KV))[:, None]
         is_v = ((h >= H + KV) & (h < H + 2 * KV))[:, None]
@@ -121,7 +128,8 @@ def add_rms_norm(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``rms_norm(x[rows] + delta[rows]) * weight`` per row (``rows``: all of ``x`` when None;
-    ``delta``/``weight`` optional). With ``residual``, ``x[rows] + delta[rows]`` is also written there
+    ``delta``/``weight`` optional; a row id outside ``x`` gives a zero row). With ``residual``,
+    ``x[rows] + delta[rows]`` is also written there
     (row ``i`` of the result; ``residual`` may be ``x`` itself: each row is read before it is written).
     Rows of ``x``/``delta`` need a unit stride along the hidden size."""
     _need_triton()
@@ -135,7 +143,7 @@ def add_rms_norm(
             x, rows if rows is not None else x, delta if delta is not None else x,
             weight if weight is not None else x, res, out,
             x.stride(0), delta.stride(0) if delta is not None else 0, res.stride(0), out.stride(0), N, eps,
-            BLOCK=block, HAS_ROWS=rows is not None, HAS_DELTA=delta is not None,
+            x.shape[0], BLOCK=block, HAS_ROWS=rows is not None, HAS_DELTA=delta is not None,
             HAS_WEIGHT=weight is not None, WRITE_RES=residual is not None, num_warps=_warps(block),
         )  # fmt: skip
     return out
