@@ -205,6 +205,9 @@ static inline __attribute__((always_inline)) float f16_baseline(const uint8_t* p
 
 /* the integer path (int8 activations, integer dot products) */
 #include "gguf_q8.h"
+/* every decoder layer in one call (the integer path, RoPE, the cache writes, paged attention) */
+#include "paged_attention.h"
+#include "gguf_stack.h"
 
 static int run(const Args* given, int num_threads, int isa) {
     const Args* a = given;
@@ -366,6 +369,10 @@ static PyMethodDef methods[] = {
      "qlinear(x, M, K, plan, out, ldo, threads, isa, norm, eps, accumulate): out[:, :N] (+)= "
      "rmsnorm?(x) @ W.T + bias with x quantised to int8 blocks; plan: int64 (type, w, rows, row_bytes, "
      "bias) per part; isa 512 (AVX-512 VNNI), 256 (AVX-VNNI) or 2 (AVX2), lowered to what the CPU runs."},
+    {"layers", layers, METH_VARARGS,
+     "layers(plan, x, T, k_base, v_base, S, cos, sin, slots, tables, row_table, row_len, block_size, threads, "
+     "isa, attn_isa): every decoder layer over the rows x [T, hidden] in place (gguf_stack.h), writing their "
+     "keys and values at slots; attention through the paged kernel's plan (tables, row_table, row_len)."},
     {"repack", repack, METH_VARARGS,
      "repack(type, src, rows, K, dst): Q4_K (type 1012) or Q6_K (1014) rows into the integer path's 16-column "
      "groups (gguf_q8_x16.h); dst holds packed_bytes(type, rows, K)."},

@@ -1,0 +1,107 @@
+"""Every decoder layer of a GGUF model in one call of the GGUF kernel (``csrc/gguf_stack.h``).
+
+Where every linear layer runs on the integer path and attention is the paged kernel, a forward's
+layers are one C call: RMSNorm, q|k|v, RoPE, the cache writes, attention, o and the residual, RMSNorm,
+gate|up, SiLU * up, down and the residual, for all layers, by one team of threads. Layer by layer from
+Python the same step paid ~8 ops and a thread team per linear call, 4-6 ms a token on a 1.5B model.
+
+Batch-invariant like the kernels it is made of; RoPE and SiLU are computed by the stack's own code
+(explicit fused multiply-adds, the paged kernel's exp), so their last bits are not torch's: an engine
+runs every forward (prefill, verify, decode) through the stack or none, never a mix, so a position's
+keys and values are the same bits whichever step computed them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from trispec.engine.cpu.gguf_linear import _Q8_ISA, GGUFLinear, _gguf_kernel
+from trispec.engine.cpu.paged_attention import PagedAttention, PagedPlan, kernel_built
+
+if TYPE_CHECKING:
+    from trispec.engine.args import ModelArgs
+    from trispec.engine.batch import Batch
+    from trispec.engine.kv_cache import KVCache
+    from trispec.engine.model import LayerWeights
+
+MAX_HEAD_DIM = 512  # csrc/gguf_stack_isa.h
+
+
+class GGUFLayerStack:
+    """The layers' plan, built once; ``run(x, batch, kv)`` updates ``x`` in place."""
+
+    def __init__(self, args: ModelArgs, layers: Sequence[LayerWeights], attention: PagedAttention) -> None:
+        self.attention = attention
+        head = struct.pack(
+            "6q2d",
+            len(layers),
+            args.hidden_size,
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+            args.intermediate_size,
+            args.rms_norm_eps,
+            attention.scale,
+        )
+        records = [head]
+        # the norms and weights the plan points at stay alive with the layers the model holds
+        for layer in layers:
+            linears = (layer.qkv, layer.o, layer.gate_up, layer.down)
+            plans = [m._plan for m in linears]  # type: ignore[attr-defined]
+            assert layer.attn_norm is not None and layer.mlp_norm is not None
+            counts = [len(p) // 40 for p in plans]
+            records.append(struct.pack("6q", layer.attn_norm.data_ptr(), layer.mlp_norm.data_ptr(), *counts))
+            records.extend(plans)
+        self.plan = b"".join(records)
+
+    @staticmethod
+    def applies(
+        args: ModelArgs, layers: Sequence[LayerWeights], attention: object, dtype: torch.dtype
+    ) -> bool:
+        """Whether this model runs as a stack: every linear layer on the integer path, both norms
+        kept as weights (float32, contiguous), float32 paged attention, heads the stack rotates."""
+        if _gguf_kernel is None or not hasattr(_gguf_kernel, "layers") or not kernel_built() or _Q8_ISA == 0:
+            return False
+        if dtype != torch.float32 or not isinstance(attention, PagedAttention) or not layers:
+            return False
+        if args.head_dim > MAX_HEAD_DIM or args.head_dim % 16:
+            return False
+        for layer in layers:
+            linears = (layer.qkv, layer.o, layer.gate_up, layer.down)
+            if not all(isinstance(m, GGUFLinear) and m.integer for m in linears):
+                return False
+            norms = (layer.attn_norm, layer.mlp_norm)
+            if not all(n is not None and n.dtype == torch.float32 and n.is_contiguous() for n in norms):
+                return False
+        return True
+
+    def run(self, x: torch.Tensor, batch: Batch, kv: KVCache) -> torch.Tensor:
+        """Every layer over the packed rows ``x`` (in place), their keys and values written at
+        ``batch.slots``; returns ``x``."""
+        plan = batch.attn
+        assert isinstance(plan, PagedPlan) and x.is_contiguous() and x.dtype == torch.float32
+        cos, sin = batch.cos.contiguous(), batch.sin.contiguous()
+        assert _gguf_kernel is not None
+        _gguf_kernel.layers(
+            self.plan,
+            x.data_ptr(),
+            x.shape[0],
+            kv.k.data_ptr(),
+            kv.v.data_ptr(),
+            kv.k.shape[2],
+            cos.data_ptr(),
+            sin.data_ptr(),
+            batch.slots.data_ptr(),
+            plan.tables.data_ptr(),
+            plan.row_table.data_ptr(),
+            plan.row_len.data_ptr(),
+            plan.block_size,
+            torch.get_num_threads(),
+            _Q8_ISA,
+            self.attention.isa,
+        )
+        return x
