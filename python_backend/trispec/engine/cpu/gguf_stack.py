@@ -36,6 +36,7 @@ class GGUFLayerStack:
 
     def __init__(self, args: ModelArgs, layers: Sequence[LayerWeights], attention: PagedAttention) -> None:
         self.attention = attention
+        self.isa = _Q8_ISA  # which Q8 copy runs (a test compares them)
         head = struct.pack(
             "6q2d",
             len(layers),
@@ -101,7 +102,7 @@ class GGUFLayerStack:
             plan.row_len.data_ptr(),
             plan.block_size,
             torch.get_num_threads(),
-            _Q8_ISA,
+            self.isa,
             self.attention.isa,
         )
         return x
