@@ -31,9 +31,10 @@
 #define X16 16 /* columns per group */
 #define X16_Q4K_BYTES 2368
 #define X16_Q6K_BYTES 3360
-#ifndef X16_PREFETCH
-#define X16_PREFETCH 4096 /* bytes ahead in the weights' stream (their groups lie one after another) */
-#endif
+/* bytes ahead in the weights' stream that the kernels prefetch (a layer's groups lie one after
+ * another): a variable, so that a bench can tune it by measurement in one process (prefetch()) */
+static int64_t x16_prefetch = 4096;
+#define X16_PREFETCH x16_prefetch
 
 /* bytes of one group of 16 columns of width K (0: not a repacked type) */
 static int64_t x16_group_bytes(int type, int64_t K) {
@@ -159,6 +160,16 @@ static PyObject* repack(PyObject* self, PyObject* args) {
     x16_repack(type, (const uint8_t*)(uintptr_t)src, rows, K, (uint8_t*)(uintptr_t)dst);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
+}
+
+/* prefetch(bytes): the prefetch distance; bytes < 0 leaves it. Returns the previous one. */
+static PyObject* prefetch(PyObject* self, PyObject* args) {
+    (void)self;
+    long long bytes;
+    if (!PyArg_ParseTuple(args, "L", &bytes)) return NULL;
+    const long long previous = x16_prefetch;
+    if (bytes >= 0) x16_prefetch = bytes;
+    return PyLong_FromLongLong(previous);
 }
 
 static PyObject* packed_bytes(PyObject* self, PyObject* args) {
