@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from trispec.engine.model import LayerWeights
 
 MAX_HEAD_DIM = 512  # csrc/gguf_stack_isa.h
+KEEP_BYTES = 8 << 20  # the largest workspace kept between calls
 
 
 class GGUFLayerStack:
@@ -58,6 +59,10 @@ class GGUFLayerStack:
             records.append(struct.pack("6q", layer.attn_norm.data_ptr(), layer.mlp_norm.data_ptr(), *counts))
             records.extend(plans)
         self.plan = b"".join(records)
+        # every buffer of a call (activations, int8 blocks, attention's work), grown as needed and
+        # kept up to KEEP_BYTES (a decode or verify step's): such a step allocates nothing, and a long
+        # prompt's tens of MB are not held for the engine's life
+        self.workspace = torch.empty(0, dtype=torch.uint8)
 
     @staticmethod
     def applies(
@@ -87,7 +92,27 @@ class GGUFLayerStack:
         assert isinstance(plan, PagedPlan) and x.is_contiguous() and x.dtype == torch.float32
         cos, sin = batch.cos.contiguous(), batch.sin.contiguous()
         assert _gguf_kernel is not None
-        _gguf_kernel.layers(
+        while True:
+            needed = self._call(x, batch, kv, plan, cos, sin)
+            if needed == 0:
+                break
+            self.workspace = torch.empty(needed + 64 + needed // 4, dtype=torch.uint8)  # room to grow
+        if self.workspace.numel() > KEEP_BYTES:
+            self.workspace = torch.empty(0, dtype=torch.uint8)
+        return x
+
+    def _call(
+        self,
+        x: torch.Tensor,
+        batch: Batch,
+        kv: KVCache,
+        plan: PagedPlan,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> int:
+        ws = self.workspace
+        start = -ws.data_ptr() % 64  # the kernel's buffers start on cache lines
+        return _gguf_kernel.layers(  # type: ignore[union-attr]
             self.plan,
             x.data_ptr(),
             x.shape[0],
@@ -104,5 +129,6 @@ class GGUFLayerStack:
             torch.get_num_threads(),
             self.isa,
             self.attention.isa,
+            ws.data_ptr() + start,
+            max(ws.numel() - start, 0),
         )
-        return x

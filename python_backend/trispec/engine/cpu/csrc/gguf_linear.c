@@ -371,8 +371,9 @@ static PyMethodDef methods[] = {
      "bias) per part; isa 512 (AVX-512 VNNI), 256 (AVX-VNNI) or 2 (AVX2), lowered to what the CPU runs."},
     {"layers", layers, METH_VARARGS,
      "layers(plan, x, T, k_base, v_base, S, cos, sin, slots, tables, row_table, row_len, block_size, threads, "
-     "isa, attn_isa): every decoder layer over the rows x [T, hidden] in place (gguf_stack.h), writing their "
-     "keys and values at slots; attention through the paged kernel's plan (tables, row_table, row_len)."},
+     "isa, attn_isa, workspace, workspace_bytes): every decoder layer over the rows x [T, hidden] in place "
+     "(gguf_stack.h), writing their keys and values at slots; attention through the paged kernel's plan "
+     "(tables, row_table, row_len). Returns 0, or the bytes the workspace must hold (nothing computed)."},
     {"repack", repack, METH_VARARGS,
      "repack(type, src, rows, K, dst): Q4_K (type 1012) or Q6_K (1014) rows into the integer path's 16-column "
      "groups (gguf_q8_x16.h); dst holds packed_bytes(type, rows, K)."},

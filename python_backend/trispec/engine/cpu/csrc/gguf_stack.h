@@ -47,6 +47,7 @@ typedef struct {
     size_t work_bytes;
     float *qkv, *att, *gu; /* [T, (H + 2 KV) D], [T, H D], [T, 2 inter] */
     Q8Block* xq; /* [T, blocks of the widest input] */
+    uint8_t* work; /* threads x work_bytes: each thread's attention buffer */
     StackLayer* layers;
 } Stack;
 
@@ -98,9 +99,12 @@ static void stack_linear_args(const Stack* s, const StackLinear* l, float* out, 
     memcpy(a->parts, l->parts, sizeof(QPart) * (size_t)l->nparts);
 }
 
-/* this thread's share of a linear layer (xq already holds its input) */
-static void stack_columns(const Stack* s, const StackLinear* l, float* out, int64_t ldo, int accumulate, int t) {
-    const int64_t begin = l->split[t], end = l->split[t + 1];
+/* this thread's share of a linear layer (xq already holds its input); a team smaller than asked for
+ * (OpenMP may give fewer threads) splits the columns evenly instead */
+static void stack_columns(const Stack* s, const StackLinear* l, float* out, int64_t ldo, int accumulate, int t,
+                          int n) {
+    const int64_t begin = n == s->threads ? l->split[t] : l->N * t / n;
+    const int64_t end = n == s->threads ? l->split[t + 1] : l->N * (t + 1) / n;
     if (begin >= end) return;
     QArgs a;
     stack_linear_args(s, l, out, ldo, accumulate, &a);
@@ -138,19 +142,17 @@ static void stack_rope(const Stack* s, int layer, int t, int n) {
         q8_rope_items_avx2(s->qkv, ldq, s->cos, s->sin, s->slots, kc, vc, s->S, s->H, s->KV, s->D, i0, i1);
 }
 
-static int stack_run(Stack* s) {
-    int failed = 0;
-#pragma omp parallel num_threads(s->threads) reduction(| : failed)
+static void stack_run(Stack* s) {
+#pragma omp parallel num_threads(s->threads)
     {
         const int t = omp_get_thread_num(), n = omp_get_num_threads();
-        float* work = (float*)aligned_alloc(64, s->work_bytes);
-        if (work == NULL) failed = 1;
+        float* work = (float*)(s->work + (size_t)t * s->work_bytes);
         const int64_t hidden = s->hidden, nqkv = (s->H + 2 * s->KV) * s->D, hd = s->H * s->D;
         for (int l = 0; l < s->nlayers; l++) {
             const StackLayer* L = &s->layers[l];
             stack_prep(s, s->x, hidden, L->attn_norm, 0, hidden, t, n);
 #pragma omp barrier
-            stack_columns(s, &L->lin[0], s->qkv, nqkv, 0, t);
+            stack_columns(s, &L->lin[0], s->qkv, nqkv, 0, t, n);
 #pragma omp barrier
             stack_rope(s, l, t, n);
 #pragma omp barrier
@@ -158,25 +160,22 @@ static int stack_run(Stack* s) {
             pa.k = s->k_base + l * s->layer_stride;
             pa.v = s->v_base + l * s->layer_stride;
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t w = 0; w < s->items; w++)
-                if (work != NULL) s->api->item(&pa, s->attn_isa, s->starts, w, work);
+            for (int64_t w = 0; w < s->items; w++) s->api->item(&pa, s->attn_isa, s->starts, w, work);
             /* the for's own barrier: the attention rows are complete */
             stack_prep(s, s->att, hd, NULL, 0, hd, t, n);
 #pragma omp barrier
-            stack_columns(s, &L->lin[1], s->x, hidden, 1, t);
+            stack_columns(s, &L->lin[1], s->x, hidden, 1, t, n);
 #pragma omp barrier
             stack_prep(s, s->x, hidden, L->mlp_norm, 0, hidden, t, n);
 #pragma omp barrier
-            stack_columns(s, &L->lin[2], s->gu, 2 * s->inter, 0, t);
+            stack_columns(s, &L->lin[2], s->gu, 2 * s->inter, 0, t, n);
 #pragma omp barrier
             stack_prep(s, s->gu, 2 * s->inter, NULL, 1, s->inter, t, n);
 #pragma omp barrier
-            stack_columns(s, &L->lin[3], s->x, hidden, 1, t);
+            stack_columns(s, &L->lin[3], s->x, hidden, 1, t, n);
 #pragma omp barrier
         }
-        free(work);
     }
-    return failed;
 }
 
 static const PagedAttentionApi* stack_attention_api(void) {
@@ -203,18 +202,44 @@ static int stack_read_linear(StackLinear* l, const int64_t* spec, int64_t nparts
     return first == N;
 }
 
+/* the workspace's parts, each on a cache line: where they go, and the bytes in all */
+typedef struct {
+    size_t layers, starts, qkv, att, gu, xq, work, total;
+} StackSpace;
+
+static size_t lines(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+static StackSpace stack_space(const Stack* s, int64_t T, int threads) {
+    const int64_t nqkv = (s->H + 2 * s->KV) * s->D, hd = s->H * s->D;
+    int64_t widest = s->hidden > hd ? s->hidden : hd;
+    widest = s->inter > widest ? s->inter : widest;
+    StackSpace p;
+    p.layers = 0;
+    p.starts = p.layers + lines(sizeof(StackLayer) * (size_t)s->nlayers);
+    p.qkv = p.starts + lines(sizeof(int) * (size_t)(T + 1));
+    p.att = p.qkv + lines(sizeof(float) * (size_t)(T * nqkv));
+    p.gu = p.att + lines(sizeof(float) * (size_t)(T * hd));
+    p.xq = p.gu + lines(sizeof(float) * (size_t)(T * 2 * s->inter));
+    p.work = p.xq + lines(sizeof(Q8Block) * (size_t)(T * ((widest + Q8_BLOCK - 1) / Q8_BLOCK)));
+    p.total = p.work + (size_t)threads * s->work_bytes;
+    return p;
+}
+
 /* layers(plan, x, T, k_base, v_base, S, cos, sin, slots, tables, row_table, row_len, block_size,
- *        threads, isa, attn_isa)
+ *        threads, isa, attn_isa, workspace, workspace_bytes) -> 0, or the bytes the workspace must have
+ *        (then nothing was computed)
  * plan: int64 [layers, hidden, H, KV, D, inter], float64 [eps, scale], then per layer int64
- * [attn_norm, mlp_norm, parts of qkv, o, gate_up, down] and those parts (5 int64 each, qlinear's). */
+ * [attn_norm, mlp_norm, parts of qkv, o, gate_up, down] and those parts (5 int64 each, qlinear's).
+ * The workspace (64-byte aligned) holds every buffer of the call: a step allocates nothing. */
 static PyObject* layers(PyObject* self, PyObject* args) {
     (void)self;
     Py_buffer plan;
-    unsigned long long x, k_base, v_base, cos, sin, slots, tables, row_table, row_len;
-    long long T, S;
+    unsigned long long x, k_base, v_base, cos, sin, slots, tables, row_table, row_len, workspace;
+    long long T, S, workspace_bytes;
     int block_size, threads, isa, attn_isa;
-    if (!PyArg_ParseTuple(args, "y*KLKKLKKKKKKiiii", &plan, &x, &T, &k_base, &v_base, &S, &cos, &sin, &slots,
-                          &tables, &row_table, &row_len, &block_size, &threads, &isa, &attn_isa))
+    if (!PyArg_ParseTuple(args, "y*KLKKLKKKKKKiiiiKL", &plan, &x, &T, &k_base, &v_base, &S, &cos, &sin, &slots,
+                          &tables, &row_table, &row_len, &block_size, &threads, &isa, &attn_isa, &workspace,
+                          &workspace_bytes))
         return NULL;
     const PagedAttentionApi* api = stack_attention_api();
     if (api == NULL) {
@@ -225,22 +250,37 @@ static PyObject* layers(PyObject* self, PyObject* args) {
     memset(&s, 0, sizeof s);
     const int64_t* head = (const int64_t*)plan.buf;
     const int64_t words = plan.len / 8;
-    int bad = plan.len % 8 != 0 || words < 8;
+    int bad = plan.len % 8 != 0 || words < 8 || workspace % 64 != 0;
     double eps = 0, scale = 0;
     if (!bad) {
         s.nlayers = (int)head[0];
         s.hidden = head[1], s.H = head[2], s.KV = head[3], s.D = head[4], s.inter = head[5];
         memcpy(&eps, head + 6, 8);
         memcpy(&scale, head + 7, 8);
-        bad = s.nlayers < 1 || s.hidden < 1 || s.KV < 1 || s.H % s.KV != 0 || s.D < 2 || s.D % 16 != 0 ||
-              s.D > STACK_MAX_HEAD_DIM || s.inter < 1 || T < 1 || S < 1 || block_size < 1;
+        bad = s.nlayers < 1 || s.hidden < 1 || s.KV < 1 || s.H % s.KV != 0 || s.H / s.KV > 64 || s.D < 2 ||
+              s.D % 16 != 0 || s.D > STACK_MAX_HEAD_DIM || s.inter < 1 || T < 1 || S < 1 || block_size < 1;
     }
-    if (!bad) s.layers = (StackLayer*)calloc((size_t)s.nlayers, sizeof(StackLayer));
+    threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    s.attn = (PagedArgs){NULL, NULL, NULL, NULL, (const int32_t*)(uintptr_t)tables, (const int64_t*)(uintptr_t)row_table,
+                         (const int32_t*)(uintptr_t)row_len, (s.H + 2 * s.KV) * s.D, S, (int)T, (int)s.H, (int)s.KV,
+                         (int)s.D, block_size, 0, (float)scale};
+    s.slots = (const int64_t*)(uintptr_t)slots;
+    for (int64_t r = 0; !bad && r < T; r++)
+        bad = s.attn.row_len[r] < 1 || s.slots[r] < 0 || s.slots[r] >= S;
+    StackSpace space = {0};
+    if (!bad) {
+        s.work_bytes = api->work_bytes(&s.attn);
+        space = stack_space(&s, T, threads);
+        if (space.total > (size_t)workspace_bytes) {
+            PyBuffer_Release(&plan);
+            return PyLong_FromSize_t(space.total);
+        }
+        s.layers = (StackLayer*)(uintptr_t)(workspace + space.layers);
+    }
     int64_t at = 8;
     const int64_t ins[4] = {s.hidden, s.H * s.D, s.hidden, s.inter};
     const int64_t outs[4] = {(s.H + 2 * s.KV) * s.D, s.hidden, 2 * s.inter, s.hidden};
-    threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
-    for (int l = 0; !bad && s.layers != NULL && l < s.nlayers; l++) {
+    for (int l = 0; !bad && l < s.nlayers; l++) {
         if (at + 6 > words) {
             bad = 1;
             break;
@@ -260,56 +300,33 @@ static PyObject* layers(PyObject* self, PyObject* args) {
     }
     PyBuffer_Release(&plan);
     if (bad || at != words) {
-        free(s.layers);
-        if (!bad && s.layers == NULL) return PyErr_NoMemory();
-        PyErr_SetString(PyExc_ValueError, "gguf layers: bad plan or shape");
+        PyErr_SetString(PyExc_ValueError, "gguf layers: bad plan, shape or rows (a row attending to no key, a slot outside the cache)");
         return NULL;
     }
     const int level = q8_usable(isa);
     if (level == 0) {
-        free(s.layers);
         PyErr_SetString(PyExc_RuntimeError, "gguf layers: needs AVX2");
         return NULL;
     }
+    uint8_t* ws = (uint8_t*)(uintptr_t)workspace;
     s.threads = threads, s.isa = level, s.attn_isa = usable_isa(attn_isa);
     s.T = T, s.S = S, s.eps = (float)eps, s.layer_stride = s.KV * S * s.D;
     s.x = (float*)(uintptr_t)x;
     s.cos = (const float*)(uintptr_t)cos, s.sin = (const float*)(uintptr_t)sin;
-    s.slots = (const int64_t*)(uintptr_t)slots;
     s.k_base = (float*)(uintptr_t)k_base, s.v_base = (float*)(uintptr_t)v_base;
     s.api = api;
-    const int64_t nqkv = (s.H + 2 * s.KV) * s.D, widest = s.inter > s.hidden ? (s.inter > s.H * s.D ? s.inter : s.H * s.D) : (s.hidden > s.H * s.D ? s.hidden : s.H * s.D);
-    s.attn = (PagedArgs){s.qkv, NULL, NULL, NULL, (const int32_t*)(uintptr_t)tables, (const int64_t*)(uintptr_t)row_table,
-                         (const int32_t*)(uintptr_t)row_len, nqkv, S, (int)T, (int)s.H, (int)s.KV, (int)s.D, block_size,
-                         0, (float)scale};
-    for (int64_t r = 0; r < T; r++) {
-        if (s.attn.row_len[r] < 1 || s.slots[r] < 0 || s.slots[r] >= S) {
-            free(s.layers);
-            PyErr_SetString(PyExc_ValueError, "gguf layers: a row attends to no key or writes outside the cache");
-            return NULL;
-        }
-    }
-    int* starts = (int*)malloc(sizeof(int) * (size_t)(T + 1));
-    s.qkv = (float*)alloc_lines(sizeof(float) * (size_t)(T * nqkv));
-    s.att = (float*)alloc_lines(sizeof(float) * (size_t)(T * s.H * s.D));
-    s.gu = (float*)alloc_lines(sizeof(float) * (size_t)(T * 2 * s.inter));
-    s.xq = (Q8Block*)alloc_lines(sizeof(Q8Block) * (size_t)(T * ((widest + Q8_BLOCK - 1) / Q8_BLOCK)));
-    int failed = starts == NULL || s.qkv == NULL || s.att == NULL || s.gu == NULL || s.xq == NULL;
-    if (!failed) {
-        s.attn.q = s.qkv;
-        s.attn.out = s.att;
-        s.items = (int64_t)api->chunks(&s.attn, starts, &s.work_bytes) * s.KV;
-        s.starts = starts;
-        Py_BEGIN_ALLOW_THREADS
-        failed = stack_run(&s);
-        Py_END_ALLOW_THREADS
-    }
-    free(starts);
-    free(s.qkv);
-    free(s.att);
-    free(s.gu);
-    free(s.xq);
-    free(s.layers);
-    if (failed) return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    int* starts = (int*)(ws + space.starts);
+    s.qkv = (float*)(ws + space.qkv);
+    s.att = (float*)(ws + space.att);
+    s.gu = (float*)(ws + space.gu);
+    s.xq = (Q8Block*)(ws + space.xq);
+    s.work = ws + space.work;
+    s.attn.q = s.qkv;
+    s.attn.out = s.att;
+    s.items = (int64_t)api->chunks(&s.attn, starts) * s.KV;
+    s.starts = starts;
+    Py_BEGIN_ALLOW_THREADS
+    stack_run(&s);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(0);
 }

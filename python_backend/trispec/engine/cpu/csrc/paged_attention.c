@@ -203,22 +203,24 @@ static attend_fn attend_for(int isa) {
     return isa == 512 ? attend_rows_avx512 : isa == 2 ? attend_rows_avx2 : attend_rows_baseline;
 }
 
-/* The work items of a call: consecutive rows of one sequence (same block table), at most ROWS, times
- * the KV heads. starts (T + 1 ints) gets the chunks' first rows; returns their count, and in *bytes
- * the size of one thread's work buffer. */
-static int plan_chunks(const Args* a, int* starts, size_t* bytes) {
+/* The bytes of one thread's work buffer for a call (a multiple of a vector). */
+static size_t work_bytes(const Args* a) {
     const int g = a->H / a->KV;
-    int chunks = 0, max_len = 0;
-    for (int t = 0; t < a->T; t++) {
-        if (t == 0 || a->row_table[t] != a->row_table[t - 1] || t - starts[chunks - 1] == ROWS)
-            starts[chunks++] = t;
-        max_len = a->row_len[t] > max_len ? a->row_len[t] : max_len;
-    }
-    starts[chunks] = a->T;
+    int max_len = 0;
+    for (int t = 0; t < a->T; t++) max_len = a->row_len[t] > max_len ? a->row_len[t] : max_len;
     const size_t blocks = (size_t)(max_len + LANES - 1) / LANES;
     const size_t vectors = (size_t)a->D + (size_t)ROWS * g * (a->D / LANES + blocks);
     const size_t floats = (size_t)ROWS * g * a->D + a->D;
-    *bytes = (sizeof(vf) * vectors + sizeof(float) * floats + sizeof(vf) - 1) / sizeof(vf) * sizeof(vf);
+    return (sizeof(vf) * vectors + sizeof(float) * floats + sizeof(vf) - 1) / sizeof(vf) * sizeof(vf);
+}
+
+/* The work items of a call: consecutive rows of one sequence (same block table), at most ROWS, times
+ * the KV heads. starts (T + 1 ints) gets the chunks' first rows; returns their count. */
+static int plan_chunks(const Args* a, int* starts) {
+    int chunks = 0;
+    for (int t = 0; t < a->T; t++)
+        if (t == 0 || a->row_table[t] != a->row_table[t - 1] || t - starts[chunks - 1] == ROWS) starts[chunks++] = t;
+    starts[chunks] = a->T;
     return chunks;
 }
 
@@ -231,8 +233,8 @@ static void attend_item(const Args* a, int isa, const int* starts, int64_t w, fl
 static int run(const Args* a, int num_threads, int isa) {
     int* starts = (int*)malloc(sizeof(int) * (size_t)(a->T + 1));
     if (starts == NULL) return 1;
-    size_t bytes;
-    const int64_t items = (int64_t)plan_chunks(a, starts, &bytes) * a->KV;
+    const size_t bytes = work_bytes(a);
+    const int64_t items = (int64_t)plan_chunks(a, starts) * a->KV;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -294,7 +296,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_paged_attention", NULL, -1, methods};
 
 /* what other kernels call (paged_attention.h): the same code, hence the same bits, as attend() */
-static const PagedAttentionApi api = {plan_chunks, attend_item};
+static const PagedAttentionApi api = {work_bytes, plan_chunks, attend_item};
 
 PyMODINIT_FUNC PyInit__paged_attention(void) {
     PyObject* m = PyModule_Create(&module);

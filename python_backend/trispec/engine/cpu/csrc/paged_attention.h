@@ -20,9 +20,11 @@ typedef struct {
 } PagedArgs;
 
 typedef struct {
+    /* the bytes of one thread's work buffer for a call (a multiple of 64) */
+    size_t (*work_bytes)(const PagedArgs* a);
     /* the work items of a call: chunks of rows (starts: T + 1 ints, filled) times the KV heads;
-     * returns the chunk count, and in *work_bytes one thread's work buffer (a multiple of 64) */
-    int (*chunks)(const PagedArgs* a, int* starts, size_t* work_bytes);
+     * returns the chunk count */
+    int (*chunks)(const PagedArgs* a, int* starts);
     /* item w (chunk w / KV, head w % KV) with the ISA copy `isa` (512, 2 or 0, already usable) */
     void (*item)(const PagedArgs* a, int isa, const int* starts, int64_t w, float* work);
 } PagedAttentionApi;
