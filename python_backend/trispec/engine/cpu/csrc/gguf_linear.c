@@ -378,8 +378,9 @@ static PyMethodDef methods[] = {
      "repack(type, src, rows, K, dst): Q4_K (type 1012) or Q6_K (1014) rows into the integer path's 16-column "
      "groups (gguf_q8_x16.h); dst holds packed_bytes(type, rows, K)."},
     {"prefetch", prefetch, METH_VARARGS,
-     "prefetch(bytes): how far ahead in the weights the integer path prefetches (bytes < 0: unchanged); "
-     "returns the previous distance. For tuning by measurement; it changes no number."},
+     "prefetch(distance, lead): how far ahead in the weights the integer path prefetches, and how many bytes "
+     "of a thread's next share the layer stack prefetches as it ends one (< 0: unchanged); returns the "
+     "previous pair. For tuning by measurement; it changes no number."},
     {"packed_bytes", packed_bytes, METH_VARARGS, "packed_bytes(type, rows, K): bytes of repack's output."},
     {"q8_level", q8_level, METH_VARARGS, "q8_level(wanted): the integer path's ISA level for `wanted` (0: none)."},
     {"isa_level", isa_level, METH_VARARGS, "isa_level(wanted): the ISA level linear() runs for `wanted`."},

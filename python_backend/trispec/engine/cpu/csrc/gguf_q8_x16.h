@@ -32,8 +32,11 @@
 #define X16_Q4K_BYTES 2368
 #define X16_Q6K_BYTES 3360
 /* bytes ahead in the weights' stream that the kernels prefetch (a layer's groups lie one after
- * another): a variable, so that a bench can tune it by measurement in one process (prefetch()) */
+ * another), and bytes of a thread's next share that the layer stack prefetches when it ends one (the
+ * stream's first lines would otherwise wait the memory's latency each): variables, so that a bench
+ * can tune them by measurement in one process (prefetch()) */
 static int64_t x16_prefetch = 4096;
+static int64_t stack_lead = 0;
 #define X16_PREFETCH x16_prefetch
 
 /* bytes of one group of 16 columns of width K (0: not a repacked type) */
@@ -162,14 +165,16 @@ static PyObject* repack(PyObject* self, PyObject* args) {
     Py_RETURN_NONE;
 }
 
-/* prefetch(bytes): the prefetch distance; bytes < 0 leaves it. Returns the previous one. */
+/* prefetch(distance, lead): the prefetch distance and the stack's lead; < 0 leaves one. Returns the
+ * previous pair. */
 static PyObject* prefetch(PyObject* self, PyObject* args) {
     (void)self;
-    long long bytes;
-    if (!PyArg_ParseTuple(args, "L", &bytes)) return NULL;
-    const long long previous = x16_prefetch;
-    if (bytes >= 0) x16_prefetch = bytes;
-    return PyLong_FromLongLong(previous);
+    long long distance, lead;
+    if (!PyArg_ParseTuple(args, "LL", &distance, &lead)) return NULL;
+    PyObject* previous = Py_BuildValue("(LL)", (long long)x16_prefetch, (long long)stack_lead);
+    if (distance >= 0) x16_prefetch = distance;
+    if (lead >= 0) stack_lead = lead;
+    return previous;
 }
 
 static PyObject* packed_bytes(PyObject* self, PyObject* args) {

@@ -116,6 +116,22 @@ static void stack_columns(const Stack* s, const StackLinear* l, float* out, int6
         q8_columns_avx2(&a, begin, end);
 }
 
+/* the first stack_lead bytes of this thread's share of a linear layer, towards L2 */
+static void stack_lead_in(const Stack* s, const StackLinear* l, int t, int n) {
+    if (stack_lead <= 0 || n != s->threads || l->split[t] >= l->split[t + 1]) return;
+    const int64_t begin = l->split[t];
+    for (int i = 0; i < l->nparts; i++) {
+        const QPart* p = &l->parts[i];
+        if (begin >= p->first + p->rows) continue;
+        const int64_t unit = x16_group_bytes(p->type, Q8_BLOCK) > 0 ? X16 : 1;
+        const uint8_t* w = p->w + (begin - p->first) / unit * p->row_bytes;
+        const int64_t left = (p->rows - (begin - p->first) + unit - 1) / unit * p->row_bytes;
+        const int64_t bytes = stack_lead < left ? stack_lead : left;
+        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch((const char*)(w + off), _MM_HINT_T1);
+        return;
+    }
+}
+
 /* this thread's share of the blocks of a linear layer's input (see prep_items) */
 static void stack_prep(const Stack* s, const float* x, int64_t ldx, const float* norm, int silu, int64_t K, int t,
                        int n) {
@@ -153,6 +169,7 @@ static void stack_run(Stack* s) {
             stack_prep(s, s->x, hidden, L->attn_norm, 0, hidden, t, n);
 #pragma omp barrier
             stack_columns(s, &L->lin[0], s->qkv, nqkv, 0, t, n);
+            stack_lead_in(s, &L->lin[1], t, n);
 #pragma omp barrier
             stack_rope(s, l, t, n);
 #pragma omp barrier
@@ -165,14 +182,17 @@ static void stack_run(Stack* s) {
             stack_prep(s, s->att, hd, NULL, 0, hd, t, n);
 #pragma omp barrier
             stack_columns(s, &L->lin[1], s->x, hidden, 1, t, n);
+            stack_lead_in(s, &L->lin[2], t, n);
 #pragma omp barrier
             stack_prep(s, s->x, hidden, L->mlp_norm, 0, hidden, t, n);
 #pragma omp barrier
             stack_columns(s, &L->lin[2], s->gu, 2 * s->inter, 0, t, n);
+            stack_lead_in(s, &L->lin[3], t, n);
 #pragma omp barrier
             stack_prep(s, s->gu, 2 * s->inter, NULL, 1, s->inter, t, n);
 #pragma omp barrier
             stack_columns(s, &L->lin[3], s->x, hidden, 1, t, n);
+            if (l + 1 < s->nlayers) stack_lead_in(s, &s->layers[l + 1].lin[0], t, n);
 #pragma omp barrier
         }
     }
