@@ -193,7 +193,7 @@ class Reporter:
         pp = f"llama.cpp's pp{PROMPT_TOKENS}: {anchor.prompt_tok_s:.1f} tok/s"
         self.out.print(f"{pp} ({pp_ms:.0f} ms to a first token)")
 
-    def memory(self, row: dict[str, Any]) -> None:
+    def memory_floor(self, row: dict[str, Any]) -> None:
         if self.json_lines:
             self._emit(row)
             return

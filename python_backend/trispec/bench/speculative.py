@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         from trispec.bench.memory import memory_rows
 
         for r in memory_rows(bench, rows, anchors):
-            reporter.memory(r)
+            reporter.memory_floor(r)
     if args.plot is not None:
         from trispec.bench.plots import write_plots
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from trispec.engine.args import ModelArgs
 from trispec.engine.attention import make_attention
 from trispec.engine.batch import Batch, SeqSpec, pack
-from trispec.engine.cpu.gguf_stack import GGUFLayerStack
+from trispec.engine.cpu.gguf_stack import GGUFLayerStack, StackRows
 from trispec.engine.cpu.linear import GGUFLinear, Linear, gguf_rows
 from trispec.engine.cpu.quant_blocks import QuantBlocks
 from trispec.engine.kv_cache import KVCache
@@ -138,11 +138,15 @@ class Transformer:
         self.kernel_clock: KernelClock | None = None  # set by a bench
         # every layer on the GGUF integer path: all of them in one C call (every forward, so that a
         # position's keys are the same bits whichever step computed them)
-        self.stack = (
-            GGUFLayerStack(args, layers, self.attention)
-            if GGUFLayerStack.applies(args, layers, self.attention, dtype)
-            else None
-        )
+        self.stack = None
+        if GGUFLayerStack.applies(layers, self.attention, dtype):
+            self.stack = GGUFLayerStack(
+                layers,
+                self.attention,  # type: ignore[arg-type]
+                hidden_size=args.hidden_size,
+                intermediate_size=args.intermediate_size,
+                eps=args.rms_norm_eps,
+            )
 
     def linears(self) -> list[Linear]:
         return [
@@ -188,7 +192,8 @@ class Transformer:
         t0 = time.perf_counter() if clock is not None else 0.0
         x = self.embed_tokens(batch.tokens)
         if self.stack is not None:
-            x = self.stack.run(x, batch, kv)
+            rows = StackRows(batch.cos, batch.sin, batch.slots, batch.attn)  # type: ignore[arg-type]
+            x = self.stack.run(x, rows, kv.k, kv.v)
         else:
             x = self.run_layers(x, batch.cos, batch.sin, batch.slots, kv, attend)
         logits = _linear_normed(self.lm_head, x[batch.logit_rows], self.norm, self.args.rms_norm_eps)

@@ -15,38 +15,70 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from trispec.engine.cpu.gguf_linear import _Q8_ISA, GGUFLinear, _gguf_kernel
 from trispec.engine.cpu.paged_attention import PagedAttention, PagedPlan, kernel_built
 
-if TYPE_CHECKING:
-    from trispec.engine.args import ModelArgs
-    from trispec.engine.batch import Batch
-    from trispec.engine.kv_cache import KVCache
-    from trispec.engine.model import LayerWeights
+
+class LayerWeights(Protocol):
+    """A decoder layer's weights as the stack reads them (``model.LayerWeights`` is one)."""
+
+    @property
+    def qkv(self) -> object: ...
+    @property
+    def o(self) -> object: ...
+    @property
+    def gate_up(self) -> object: ...
+    @property
+    def down(self) -> object: ...
+    @property
+    def attn_norm(self) -> torch.Tensor | None: ...
+    @property
+    def mlp_norm(self) -> torch.Tensor | None: ...
+
+
+@dataclass(frozen=True)
+class StackRows:
+    """What one forward's rows need beside their hidden states: RoPE's cos / signed sin per row
+    (``[T, D]`` values, any view of them), each row's cache slot (int64) and the attention plan."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slots: torch.Tensor
+    plan: PagedPlan
+
 
 MAX_HEAD_DIM = 512  # csrc/gguf_stack_isa.h
 KEEP_BYTES = 8 << 20  # the largest workspace kept between calls
 
 
 class GGUFLayerStack:
-    """The layers' plan, built once; ``run(x, batch, kv)`` updates ``x`` in place."""
+    """The layers' plan, built once; ``run`` updates a forward's hidden states in place."""
 
-    def __init__(self, args: ModelArgs, layers: Sequence[LayerWeights], attention: PagedAttention) -> None:
+    def __init__(
+        self,
+        layers: Sequence[LayerWeights],
+        attention: PagedAttention,
+        *,
+        hidden_size: int,
+        intermediate_size: int,
+        eps: float,
+    ) -> None:
         self.attention = attention
         self.isa = _Q8_ISA  # which Q8 copy runs (a test compares them)
         head = struct.pack(
             "6q2d",
             len(layers),
-            args.hidden_size,
-            args.num_heads,
-            args.num_kv_heads,
-            args.head_dim,
-            args.intermediate_size,
-            args.rms_norm_eps,
+            hidden_size,
+            attention.num_heads,
+            attention.num_kv_heads,
+            attention.head_dim,
+            intermediate_size,
+            eps,
             attention.scale,
         )
         records = [head]
@@ -65,16 +97,14 @@ class GGUFLayerStack:
         self.workspace = torch.empty(0, dtype=torch.uint8)
 
     @staticmethod
-    def applies(
-        args: ModelArgs, layers: Sequence[LayerWeights], attention: object, dtype: torch.dtype
-    ) -> bool:
-        """Whether this model runs as a stack: every linear layer on the integer path, both norms
+    def applies(layers: Sequence[LayerWeights], attention: object, dtype: torch.dtype) -> bool:
+        """Whether these layers run as a stack: every linear layer on the integer path, both norms
         kept as weights (float32, contiguous), float32 paged attention, heads the stack rotates."""
         if _gguf_kernel is None or not hasattr(_gguf_kernel, "layers") or not kernel_built() or _Q8_ISA == 0:
             return False
         if dtype != torch.float32 or not isinstance(attention, PagedAttention) or not layers:
             return False
-        if args.head_dim > MAX_HEAD_DIM or args.head_dim % 16:
+        if attention.head_dim > MAX_HEAD_DIM or attention.head_dim % 16:
             return False
         for layer in layers:
             linears = (layer.qkv, layer.o, layer.gate_up, layer.down)
@@ -85,15 +115,18 @@ class GGUFLayerStack:
                 return False
         return True
 
-    def run(self, x: torch.Tensor, batch: Batch, kv: KVCache) -> torch.Tensor:
-        """Every layer over the packed rows ``x`` (in place), their keys and values written at
-        ``batch.slots``; returns ``x``."""
-        plan = batch.attn
-        assert isinstance(plan, PagedPlan) and x.is_contiguous() and x.dtype == torch.float32
-        cos, sin = batch.cos.contiguous(), batch.sin.contiguous()
-        assert _gguf_kernel is not None
+    def run(
+        self, x: torch.Tensor, rows: StackRows, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """Every layer over the packed rows ``x`` ``[T, hidden]`` (in place); their keys and values
+        are written to the caches ``[layers, KV, slots, D]`` at ``rows.slots``. Returns ``x``."""
+        if not (x.is_contiguous() and x.dtype == torch.float32):
+            raise ValueError("the layer stack runs on contiguous float32 rows")
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == torch.float32):
+            raise ValueError("the layer stack writes contiguous float32 caches")
+        cos, sin = rows.cos.contiguous(), rows.sin.contiguous()
         while True:
-            needed = self._call(x, batch, kv, plan, cos, sin)
+            needed = self._call(x, rows, cos, sin, k_cache, v_cache)
             if needed == 0:
                 break
             self.workspace = torch.empty(needed + 64 + needed // 4, dtype=torch.uint8)  # room to grow
@@ -104,24 +137,24 @@ class GGUFLayerStack:
     def _call(
         self,
         x: torch.Tensor,
-        batch: Batch,
-        kv: KVCache,
-        plan: PagedPlan,
+        rows: StackRows,
         cos: torch.Tensor,
         sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
     ) -> int:
-        ws = self.workspace
+        ws, plan = self.workspace, rows.plan
         start = -ws.data_ptr() % 64  # the kernel's buffers start on cache lines
         return _gguf_kernel.layers(  # type: ignore[union-attr]
             self.plan,
             x.data_ptr(),
             x.shape[0],
-            kv.k.data_ptr(),
-            kv.v.data_ptr(),
-            kv.k.shape[2],
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.shape[2],
             cos.data_ptr(),
             sin.data_ptr(),
-            batch.slots.data_ptr(),
+            rows.slots.data_ptr(),
             plan.tables.data_ptr(),
             plan.row_table.data_ptr(),
             plan.row_len.data_ptr(),
