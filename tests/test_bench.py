@@ -10,7 +10,7 @@ import pytest
 from test_llm import save_tiny_checkpoint
 from tiny import TINY_VOCAB, model_drafter, spec_engine, tiny_engine
 from trispec.bench import engine as engine_bench
-from trispec.bench import workloads
+from trispec.bench import memory, workloads
 from trispec.bench.arms import Arm, default_drafters, make_arms, variant
 from trispec.bench.closed_loop import LoopResult, run_closed_loop
 from trispec.bench.speculative import (
@@ -163,7 +163,10 @@ def test_warm_up_leaves_an_adaptive_arm_warm(tmp_path: Path) -> None:
     assert controller is not None and controller.warm
 
 
-def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_on_a_tiny_pair(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memory, "PROBE_BYTES", 32 << 20)  # the floor's read probe, small for a test
     try:
         workloads.humaneval_path()
     except workloads.WorkloadDataMissing as exc:
@@ -202,6 +205,16 @@ def test_main_on_a_tiny_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         mixed[(1, "model-k2")]["tok_s"] / mixed[(1, "plain")]["tok_s"], rel=1e-3
     )
     assert [r["drafter"] for r in lines if r["row"] == "draft_cost"] == ["model"]
+    # the memory rows: the target and the model drafter, every one-request arm against the floor
+    floors = {r["role"]: r for r in lines if r["row"] == "memory"}
+    assert set(floors) == {"target", "draft model"}
+    target = floors["target"]
+    assert target["bytes"]["total"] > 0 and target["read_gb_s"] > 0 and target["floor_ms"] > 0
+    one_request = {
+        f"{r['workload']}/{r['arm']}" for r in runs if r["concurrency"] == 1 and r["workload"] != "all"
+    }
+    assert set(target["figures"]) == {"engine_step", *one_request}
+    assert "host" not in target  # a dense model runs layer by layer: no kernel clock
 
 
 def test_main_refuses_unknown_drafter_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
@@ -308,6 +321,7 @@ def test_sampled_arms_give_plains_tokens_under_the_coupled_rule(
     argv = ["--config", str(config), "--workloads", "humaneval", "--concurrency", "2", "--k", "3"]
     argv += ["--drafters", "model", "--num-prompts", "4", "--max-tokens", "12", "--json", "--threads", "1"]
     argv += ["--temperature", "0.9", "--top-p", "0.95", "--top-k", "50", "--sampling-rule", rule]
+    argv += ["--no-memory-floor"]
     assert main(argv) == 0
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     by_arm = {r["arm"]: r for r in runs if r.get("row") == "run"}

@@ -50,7 +50,9 @@ def verify_round(
             rows = shaped[i].shape[0]
             params += [decodes[i].sampling] * rows
             positions += range(first, first + rows)
-        tokens = coupled_tokens(torch.cat([shaped[i] for i in matching]), params, positions)
+        # one sequence (a plain decode step): its rows as they are, not a copy of a vocabulary's logits
+        rows = shaped[matching[0]] if len(matching) == 1 else torch.cat([shaped[i] for i in matching])
+        tokens = coupled_tokens(rows, params, positions)
         start = 0
         for i in matching:
             end = start + shaped[i].shape[0]

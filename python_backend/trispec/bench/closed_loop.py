@@ -29,6 +29,8 @@ class LoopResult:
     repeats_agree: bool = True  # merged repeats all gave the same tokens
     repeats: int = 1
     run_seconds: list[float] = dataclasses.field(default_factory=list)  # each repeat's elapsed_s
+    # the target's forwards: (rows, seconds in its kernel calls), where its model keeps a KernelClock
+    kernel_forwards: list[tuple[int, float]] = dataclasses.field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -68,6 +70,7 @@ class LoopResult:
             all(r.token_ids == results[0].token_ids for r in results),
             sum(r.repeats for r in results),
             [s for r in results for s in r.run_seconds or [r.elapsed_s]],
+            [f for r in results for f in r.kernel_forwards],
         )
 
 

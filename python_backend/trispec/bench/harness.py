@@ -14,6 +14,7 @@ from trispec.checkpoints import load_tokenizer, resolve_checkpoint
 from trispec.config import SpecDecConfig
 from trispec.detokenize import StopTextTracker
 from trispec.drafters.base import Drafter
+from trispec.engine.model import KernelClock
 from trispec.engine.weights import load_checkpoint
 from trispec.guided.compiler import GrammarCompiler
 from trispec.llm_engine import LLMEngine
@@ -49,6 +50,9 @@ class Bench:
         self.drafters = DrafterPool(self.config, checkpoint, self.target)
         # one grammar cache for every arm, as one serving process has (no end ids: see engine())
         self.grammars = GrammarCompiler(self.tokenizer.backend, frozenset(), self.target.vocab_size)
+        # the target's time in its kernels per forward (the memory rows' host time per token)
+        self.clock = KernelClock()
+        self.target.model.kernel_clock = self.clock
         self.max_concurrency = max_concurrency
         self.max_k = max_k
         # adaptive arms keep what they learned across the sweep, as a serving process would
@@ -94,7 +98,8 @@ class Bench:
     ) -> LoopResult:
         """One timed closed-loop run of ``arm`` over the workload's prompts."""
         engine = self.engine(arm, load.name)
-        return run_closed_loop(
+        self.clock.reset()
+        result = run_closed_loop(
             engine,
             load.prompts,
             concurrency=concurrency,
@@ -105,6 +110,8 @@ class Bench:
             seeds=self._seeds_of(load.name, len(load.prompts)) if self.sampling else None,
             guides=load.guides,
         )
+        result.kernel_forwards = list(self.clock.forwards)
+        return result
 
     def _seeds_of(self, workload: str, count: int) -> list[int]:
         if workload not in self.seeds:

@@ -4,8 +4,10 @@ JSON lines carry ``"row"``: ``run`` (one arm at one workload and concurrency: ``
 ``concurrency``, ``arm``, ``tok_s``, ``speedup_vs_plain``, ``acceptance``, ``identical_to_plain`` and
 more; Hugging Face reference arms too), ``draft_cost`` (a draft model's 1-token step over the
 target's), ``load_memory`` (peak RSS while loading the pair against its weights), ``llamacpp``
-(llama-bench's prompt and decode tok/s on a GGUF file of the pair) and ``vs_llamacpp`` (each arm at one
-request over llama.cpp's plain decoding of the target, end to end and decode only).
+(llama-bench's prompt and decode tok/s on a GGUF file of the pair), ``vs_llamacpp`` (each arm at one
+request over llama.cpp's plain decoding of the target, end to end and decode only) and ``memory`` (per
+model: the bytes a decode step reads, the machine's read bandwidth, the floor, every decode figure as a
+fraction of it and the host time per token; ``bench/memory.py``).
 """
 
 from __future__ import annotations
@@ -190,6 +192,28 @@ class Reporter:
         pp_ms = 1000 * PROMPT_TOKENS / anchor.prompt_tok_s
         pp = f"llama.cpp's pp{PROMPT_TOKENS}: {anchor.prompt_tok_s:.1f} tok/s"
         self.out.print(f"{pp} ({pp_ms:.0f} ms to a first token)")
+
+    def memory_floor(self, row: dict[str, Any]) -> None:
+        if self.json_lines:
+            self._emit(row)
+            return
+        mb = {k: f"{v / 1e6:.1f}" for k, v in row["bytes"].items() if k != "total"}
+        self.out.print(
+            f"memory floor, {row['role']}: {row['bytes']['total'] / 1e6:.1f} MB a step "
+            f"({', '.join(f'{k} {v}' for k, v in mb.items())} MB) at {row['read_gb_s']:.1f} GB/s read "
+            f"(torch.sum, this run) = {row['floor_ms']:.2f} ms, {row['floor_tok_s']:.1f} tok/s"
+        )
+        table = Table(title=f"decode against the floor ({row['role']})", title_justify="left")
+        for column in ("figure", "tok/s", "ms a token", "of floor"):
+            table.add_column(column, justify="left" if column == "figure" else "right")
+        for name, f in row["figures"].items():
+            table.add_row(name, f"{f['tok_s']:.1f}", f"{f['ms']:.2f}", f"{f['of_floor']:.2f}")
+        self.out.print(table)
+        for workload, h in (row.get("host") or {}).items():
+            self.out.print(
+                f"host time per token ({workload}, plain, one request): {h['host_ms']:.2f} ms "
+                f"= {h['token_ms']:.2f} ms a token - {h['kernel_ms']:.2f} ms in kernels"
+            )
 
     def summary(self, rows: list[dict[str, Any]]) -> None:
         if self.json_lines:

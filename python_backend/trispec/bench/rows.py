@@ -10,6 +10,7 @@ import numpy as np
 
 from trispec.bench.arms import PLAIN, Arm
 from trispec.bench.closed_loop import LoopResult
+from trispec.bench.memory import host_ms_per_token
 
 
 def percentiles(values: list[float], ps: tuple[int, ...] = (50, 90, 99)) -> dict[str, float | None]:
@@ -52,6 +53,10 @@ def row(workload: str, concurrency: int, arm: Arm, result: LoopResult, plain: di
         # tokens after the first over the time after it (every request makes the same number of tokens)
         "decode_tok_s": round(1 / statistics.fmean(result.itl_s), 3) if result.itl_s else None,
         "identical_to_plain": identical,
+        # plain at one request: a token's time through the scheduler less its kernels' (memory rows)
+        "host": host_ms_per_token(result.itl_s, result.kernel_forwards)
+        if arm.name == PLAIN and concurrency == 1
+        else None,
         "token_ids": result.token_ids,  # dropped from the printed rows
     }
 

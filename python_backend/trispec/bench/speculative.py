@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="a llama-bench binary (scripts/llamacpp_anchor.sh builds one): llama.cpp on the same GGUF files",
     )
+    p.add_argument(
+        "--no-memory-floor",
+        action="store_true",
+        help="skip the memory rows (bytes a decode step reads, read bandwidth, figures against the floor)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write speedup.png and acceptance.png there")
     return p
@@ -275,6 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     reporter.summary(rows)
     if "target" in anchors:
         reporter.against_llamacpp(rows, anchors["target"])
+    if not args.no_memory_floor and bench.target.model.embed.device.type == "cpu":  # CPU decoding's floor
+        from trispec.bench.memory import memory_rows
+
+        for r in memory_rows(bench, rows, anchors):
+            reporter.memory_floor(r)
     if args.plot is not None:
         from trispec.bench.plots import write_plots
 

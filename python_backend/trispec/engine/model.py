@@ -13,8 +13,9 @@ Python/dispatch cost of ~40 small ops per layer is visible on a 135M model on 2 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from trispec.engine.args import ModelArgs
 from trispec.engine.attention import make_attention
 from trispec.engine.batch import Batch, SeqSpec, pack
+from trispec.engine.cpu.gguf_stack import GGUFLayerStack, StackRows
 from trispec.engine.cpu.linear import GGUFLinear, Linear, gguf_rows
 from trispec.engine.cpu.quant_blocks import QuantBlocks
 from trispec.engine.kv_cache import KVCache
@@ -42,6 +44,19 @@ class LayerWeights:
     down: Linear
     attn_norm: torch.Tensor | None = None
     mlp_norm: torch.Tensor | None = None
+
+
+@dataclass
+class KernelClock:
+    """Where a model's forwards spend their time, for the bench's host time per token: per forward its
+    rows and the seconds from the embedding lookup to the logits, which for a stack model are three
+    kernel calls (embedding, the layer stack, the LM head) and a view. A model run layer by layer
+    (Python ops between its kernels) records nothing."""
+
+    forwards: list[tuple[int, float]] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.forwards.clear()
 
 
 def _normed(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -120,6 +135,18 @@ class Transformer:
         self.attention = make_attention(*heads, device=embed.device, dtype=dtype, backend=attention)
         cos, sin = rope_tables(args, rope_length or args.max_position_embeddings)
         self.cos, self.sin = cos.to(dtype).to(embed.device), sin.to(dtype).to(embed.device)
+        self.kernel_clock: KernelClock | None = None  # set by a bench
+        # every layer on the GGUF integer path: all of them in one C call (every forward, so that a
+        # position's keys are the same bits whichever step computed them)
+        self.stack = None
+        if GGUFLayerStack.applies(layers, self.attention, dtype):
+            self.stack = GGUFLayerStack(
+                layers,
+                self.attention,  # type: ignore[arg-type]
+                hidden_size=args.hidden_size,
+                intermediate_size=args.intermediate_size,
+                eps=args.rms_norm_eps,
+            )
 
     def linears(self) -> list[Linear]:
         return [
@@ -161,8 +188,18 @@ class Transformer:
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor):
             return attention(attn, q, k, v, kc, vc)
 
-        x = self.run_layers(self.embed_tokens(batch.tokens), batch.cos, batch.sin, batch.slots, kv, attend)
-        return _linear_normed(self.lm_head, x[batch.logit_rows], self.norm, self.args.rms_norm_eps).float()
+        clock = self.kernel_clock if self.stack is not None else None
+        t0 = time.perf_counter() if clock is not None else 0.0
+        x = self.embed_tokens(batch.tokens)
+        if self.stack is not None:
+            rows = StackRows(batch.cos, batch.sin, batch.slots, batch.attn)  # type: ignore[arg-type]
+            x = self.stack.run(x, rows, kv.k, kv.v)
+        else:
+            x = self.run_layers(x, batch.cos, batch.sin, batch.slots, kv, attend)
+        logits = _linear_normed(self.lm_head, x[batch.logit_rows], self.norm, self.args.rms_norm_eps)
+        if clock is not None:  # three C calls and a view
+            clock.forwards.append((batch.tokens.shape[0], time.perf_counter() - t0))
+        return logits.float()
 
     def run_layers(
         self,

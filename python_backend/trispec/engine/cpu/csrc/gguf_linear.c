@@ -205,6 +205,9 @@ static inline __attribute__((always_inline)) float f16_baseline(const uint8_t* p
 
 /* the integer path (int8 activations, integer dot products) */
 #include "gguf_q8.h"
+/* every decoder layer in one call (the integer path, RoPE, the cache writes, paged attention) */
+#include "paged_attention.h"
+#include "gguf_stack.h"
 
 static int run(const Args* given, int num_threads, int isa) {
     const Args* a = given;
@@ -366,9 +369,18 @@ static PyMethodDef methods[] = {
      "qlinear(x, M, K, plan, out, ldo, threads, isa, norm, eps, accumulate): out[:, :N] (+)= "
      "rmsnorm?(x) @ W.T + bias with x quantised to int8 blocks; plan: int64 (type, w, rows, row_bytes, "
      "bias) per part; isa 512 (AVX-512 VNNI), 256 (AVX-VNNI) or 2 (AVX2), lowered to what the CPU runs."},
+    {"layers", layers, METH_VARARGS,
+     "layers(plan, x, T, k_base, v_base, S, cos, sin, slots, tables, row_table, row_len, block_size, threads, "
+     "isa, attn_isa, workspace, workspace_bytes): every decoder layer over the rows x [T, hidden] in place "
+     "(gguf_stack.h), writing their keys and values at slots; attention through the paged kernel's plan "
+     "(tables, row_table, row_len). Returns 0, or the bytes the workspace must hold (nothing computed)."},
     {"repack", repack, METH_VARARGS,
      "repack(type, src, rows, K, dst): Q4_K (type 1012) or Q6_K (1014) rows into the integer path's 16-column "
      "groups (gguf_q8_x16.h); dst holds packed_bytes(type, rows, K)."},
+    {"prefetch", prefetch, METH_VARARGS,
+     "prefetch(distance, lead): how far ahead in the weights the integer path prefetches, and how many bytes "
+     "of a thread's next share the layer stack prefetches as it ends one (< 0: unchanged); returns the "
+     "previous pair. For tuning by measurement; it changes no number."},
     {"packed_bytes", packed_bytes, METH_VARARGS, "packed_bytes(type, rows, K): bytes of repack's output."},
     {"q8_level", q8_level, METH_VARARGS, "q8_level(wanted): the integer path's ISA level for `wanted` (0: none)."},
     {"isa_level", isa_level, METH_VARARGS, "isa_level(wanted): the ISA level linear() runs for `wanted`."},

@@ -179,6 +179,7 @@ Q8_IN void Q8(legacy)(const uint8_t* w, const Q8Block* x, int64_t nblk, int64_t 
 #define Q8_XR 6 /* rows per tile of the 16-column kernels */
 #include "gguf_q8_x16_isa.h"
 #include "gguf_q8_cols.h"
+#include "gguf_stack_isa.h"
 #undef Q8_XR
 
 #undef Q8_ROWS

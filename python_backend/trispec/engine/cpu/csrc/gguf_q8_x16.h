@@ -31,9 +31,13 @@
 #define X16 16 /* columns per group */
 #define X16_Q4K_BYTES 2368
 #define X16_Q6K_BYTES 3360
-#ifndef X16_PREFETCH
-#define X16_PREFETCH 4096 /* bytes ahead in the weights' stream (their groups lie one after another) */
-#endif
+/* bytes ahead in the weights' stream that the kernels prefetch (a layer's groups lie one after
+ * another), and bytes of a thread's next share that the layer stack prefetches when it ends one (the
+ * stream's first lines would otherwise wait the memory's latency each): variables, so that a bench
+ * can tune them by measurement in one process (prefetch()) */
+static int64_t x16_prefetch = 4096;
+static int64_t stack_lead = 0;
+#define X16_PREFETCH x16_prefetch
 
 /* bytes of one group of 16 columns of width K (0: not a repacked type) */
 static int64_t x16_group_bytes(int type, int64_t K) {
@@ -159,6 +163,18 @@ static PyObject* repack(PyObject* self, PyObject* args) {
     x16_repack(type, (const uint8_t*)(uintptr_t)src, rows, K, (uint8_t*)(uintptr_t)dst);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
+}
+
+/* prefetch(distance, lead): the prefetch distance and the stack's lead; < 0 leaves one. Returns the
+ * previous pair. */
+static PyObject* prefetch(PyObject* self, PyObject* args) {
+    (void)self;
+    long long distance, lead;
+    if (!PyArg_ParseTuple(args, "LL", &distance, &lead)) return NULL;
+    PyObject* previous = Py_BuildValue("(LL)", (long long)x16_prefetch, (long long)stack_lead);
+    if (distance >= 0) x16_prefetch = distance;
+    if (lead >= 0) stack_lead = lead;
+    return previous;
 }
 
 static PyObject* packed_bytes(PyObject* self, PyObject* args) {

@@ -21,6 +21,7 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #include <Python.h>
 #include "kernel_common.h"
+#include "paged_attention.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -87,18 +88,7 @@ static inline __attribute__((always_inline)) void load_row(const void* base, int
     }
 }
 
-typedef struct {
-    const void* q;       /* rows of q_row_stride elements; head h of row t at t*q_row_stride + h*D */
-    const void* k;       /* [KV, S, D] one layer of the cache */
-    const void* v;
-    void* out;           /* [T, H, D] contiguous */
-    const int32_t* tables;    /* block tables, concatenated */
-    const int64_t* row_table; /* [T] offset of the row's block table in `tables` */
-    const int32_t* row_len;   /* [T] number of keys the row attends to (its position + 1) */
-    int64_t q_row_stride, S;
-    int T, H, KV, D, block_size, is_bf16;
-    float scale;
-} Args;
+typedef PagedArgs Args;
 
 /* Rows [r0, r1) of one sequence (at most ROWS) and one KV head, i.e. the g = H / KV query heads
  * that share it. Keys are taken LANES at a time (blocks at absolute positions 0, LANES, ...) and
@@ -209,37 +199,52 @@ __attribute__((target("arch=x86-64-v3"))) static void attend_rows_avx2(const Arg
 }
 static void attend_rows_baseline(const Args* a, int r0, int r1, int kvh, float* w) { attend_rows(a, r0, r1, kvh, w); }
 
-static int run(const Args* a, int num_threads, int isa) {
-    const attend_fn fn = isa == 512 ? attend_rows_avx512 : isa == 2 ? attend_rows_avx2 : attend_rows_baseline;
+static attend_fn attend_for(int isa) {
+    return isa == 512 ? attend_rows_avx512 : isa == 2 ? attend_rows_avx2 : attend_rows_baseline;
+}
+
+/* The bytes of one thread's work buffer for a call (a multiple of a vector). */
+static size_t work_bytes(const Args* a) {
     const int g = a->H / a->KV;
-    /* work items: consecutive rows of one sequence (same block table), at most ROWS, x KV heads */
-    int* starts = (int*)malloc(sizeof(int) * (size_t)(a->T + 1));
-    if (starts == NULL) return 1;
-    int chunks = 0, max_len = 0;
-    for (int t = 0; t < a->T; t++) {
-        if (t == 0 || a->row_table[t] != a->row_table[t - 1] || t - starts[chunks - 1] == ROWS)
-            starts[chunks++] = t;
-        max_len = a->row_len[t] > max_len ? a->row_len[t] : max_len;
-    }
-    starts[chunks] = a->T;
+    int max_len = 0;
+    for (int t = 0; t < a->T; t++) max_len = a->row_len[t] > max_len ? a->row_len[t] : max_len;
     const size_t blocks = (size_t)(max_len + LANES - 1) / LANES;
     const size_t vectors = (size_t)a->D + (size_t)ROWS * g * (a->D / LANES + blocks);
     const size_t floats = (size_t)ROWS * g * a->D + a->D;
-    const size_t bytes = sizeof(vf) * vectors + sizeof(float) * floats;
-    const int64_t items = (int64_t)chunks * a->KV;
+    return (sizeof(vf) * vectors + sizeof(float) * floats + sizeof(vf) - 1) / sizeof(vf) * sizeof(vf);
+}
+
+/* The work items of a call: consecutive rows of one sequence (same block table), at most ROWS, times
+ * the KV heads. starts (T + 1 ints) gets the chunks' first rows; returns their count. */
+static int plan_chunks(const Args* a, int* starts) {
+    int chunks = 0;
+    for (int t = 0; t < a->T; t++)
+        if (t == 0 || a->row_table[t] != a->row_table[t - 1] || t - starts[chunks - 1] == ROWS) starts[chunks++] = t;
+    starts[chunks] = a->T;
+    return chunks;
+}
+
+/* item w of a call: chunk w / KV, KV head w % KV; work: plan_chunks' bytes, aligned to a vector */
+static void attend_item(const Args* a, int isa, const int* starts, int64_t w, float* work) {
+    const int c = (int)(w / a->KV);
+    attend_for(isa)(a, starts[c], starts[c + 1], (int)(w % a->KV), work);
+}
+
+static int run(const Args* a, int num_threads, int isa) {
+    int* starts = (int*)malloc(sizeof(int) * (size_t)(a->T + 1));
+    if (starts == NULL) return 1;
+    const size_t bytes = work_bytes(a);
+    const int64_t items = (int64_t)plan_chunks(a, starts) * a->KV;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        float* work = (float*)aligned_alloc(sizeof(vf), (bytes + sizeof(vf) - 1) / sizeof(vf) * sizeof(vf));
+        float* work = (float*)aligned_alloc(sizeof(vf), bytes);
         if (work == NULL) {
             failed = 1;
         } else {
             /* each item is computed by one thread: results never depend on the split */
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t w = 0; w < items; w++) {
-                const int c = (int)(w / a->KV);
-                fn(a, starts[c], starts[c + 1], (int)(w % a->KV), work);
-            }
+            for (int64_t w = 0; w < items; w++) attend_item(a, isa, starts, w, work);
             free(work);
         }
     }
@@ -290,4 +295,17 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_paged_attention", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__paged_attention(void) { return PyModule_Create(&module); }
+/* what other kernels call (paged_attention.h): the same code, hence the same bits, as attend() */
+static const PagedAttentionApi api = {work_bytes, plan_chunks, attend_item};
+
+PyMODINIT_FUNC PyInit__paged_attention(void) {
+    PyObject* m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    PyObject* capsule = PyCapsule_New((void*)&api, PAGED_ATTENTION_API, NULL);
+    if (capsule == NULL || PyModule_AddObject(m, "api", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
