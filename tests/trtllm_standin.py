@@ -47,6 +47,10 @@ What it does, each from the source:
 * unset top_k / top_p are greedy whatever the temperature, the default seed is 0
   (``trtllm_standin_decoding.runtime_sampling``); acceptance as in
   ``trtllm_standin_decoding.verify_external_drafts``;
+* KV block reuse (``enable_block_reuse``): each request's context reuses the blocks earlier requests
+  left (same prefix, same ``cache_salt_id``) and reports them in ``request_perf_metrics`` when
+  ``OutputConfig.return_perf_metrics`` is set (``trtllm_standin_kv``, each behaviour from
+  kvCacheManager.cpp);
 * an empty external draft asserts when the config is built (TRT-LLM issue #2684: "Assertion failed:
   !mTokens.empty()"); ``cancel_request`` ends a request with FinishReason.CANCELLED; one process
   driving several GPUs needs orchestrator mode with a worker executable (tensorrtllm_backend README,
@@ -77,6 +81,7 @@ from trispec.engine.base import ForwardInput
 from trispec.engine.random_weights import random_state_dict
 from trispec.engine.torch_engine import TorchEngine
 from trtllm_standin_decoding import draw, runtime_sampling, target_probs, verify_external_drafts
+from trtllm_standin_kv import KvCacheMetrics, ReuseTree
 
 ENGINES: dict[str, TorchEngine] = {}  # one tiny model per stand-in engine, shared by executors
 GiB = 2**30
@@ -215,6 +220,7 @@ class Request:
         pad_id: int | None = None,
         external_draft_tokens_config: ExternalDraftTokensConfig | None = None,
         client_id: int | None = None,
+        cache_salt_id: int | None = None,
     ) -> None:
         self.input_token_ids = list(input_token_ids)
         self.max_tokens = max_tokens
@@ -224,6 +230,12 @@ class Request:
         self.end_id, self.pad_id = end_id, pad_id
         self.external_draft_tokens_config = external_draft_tokens_config
         self.client_id = client_id
+        self.cache_salt_id = cache_salt_id
+
+
+@dataclass
+class RequestPerfMetrics:
+    kv_cache_metrics: KvCacheMetrics = field(default_factory=KvCacheMetrics)
 
 
 @dataclass
@@ -232,6 +244,7 @@ class Result:
     output_token_ids: list[list[int]]
     finish_reasons: list[FinishReason]
     generation_logits: Any = None
+    request_perf_metrics: RequestPerfMetrics | None = None
 
 
 @dataclass
@@ -333,6 +346,11 @@ class Executor:
         GPU.take(engine_file.stat().st_size if engine_file.exists() else 0, "engine weights")
         GPU.take(RUNTIME_BUFFER_BYTES, "runtime buffers")
         self.max_num_blocks = self._size_kv_cache(kv_config)
+        self.reuse = (
+            ReuseTree(self.max_num_blocks, self.engine.tokens_per_block)
+            if kv_config.enable_block_reuse
+            else None
+        )
         self.model = _model(path, self.engine.vocab_size)
         self.max_num_tokens = executor_config.max_num_tokens or self.engine.max_num_tokens
         self._ids = itertools.count(1)
@@ -501,9 +519,17 @@ class Executor:
         request = active.request
         if request.client_id in Executor.poisoned:
             return Response(rid, error_msg="[TensorRT-LLM][ERROR] simulated device fault")
+        perf = None
+        if self.reuse is not None:
+            held, kv = self.reuse.add_sequence(request.input_token_ids, request.cache_salt_id)
+            perf = RequestPerfMetrics(kv)
         new, reason, logits = self._generate(active)
+        if self.reuse is not None:
+            self.reuse.release(held, [*request.input_token_ids, *new], request.cache_salt_id)
+        if not request.output_config.return_perf_metrics:
+            perf = None
         out = new if request.output_config.exclude_input_from_output else [*request.input_token_ids, *new]
-        return Response(rid, Result(True, [out], [reason], logits), client_id=request.client_id)
+        return Response(rid, Result(True, [out], [reason], logits, perf), client_id=request.client_id)
 
     # -- decoding, with the model's real logits ------------------------------------------------
     def _generate(self, active: _Active) -> tuple[list[int], FinishReason, Any]:

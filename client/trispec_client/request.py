@@ -71,6 +71,8 @@ class GenerationRequest:
     skip_output_tokens: int | None = None
     # a stream resumed on another replica: the model it began on (the server refuses another one)
     expected_model_fingerprint: str | None = None
+    # the prefix cache shares KV blocks only among requests with the same salt (a tenant's secret)
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -88,6 +90,8 @@ class GenerationRequest:
         # frozen: normalise the word lists (any iterable of str) through object.__setattr__
         object.__setattr__(self, "stop_words", _check_words("stop_words", self.stop_words))
         object.__setattr__(self, "bad_words", _check_words("bad_words", self.bad_words))
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise InvalidRequestError(f"cache_salt: must be a non-empty string, got {self.cache_salt!r}")
 
     def sent_values(self) -> dict[str, Any]:
         """The inputs to send, by Triton input name: plain Python values, lists for word lists."""
@@ -102,6 +106,8 @@ class GenerationRequest:
                 values[name] = list(words)
         if self.expected_model_fingerprint:
             values["expected_model_fingerprint"] = self.expected_model_fingerprint
+        if self.cache_salt is not None:
+            values["cache_salt"] = self.cache_salt
         return values
 
     def json_body(self) -> dict[str, Any]:

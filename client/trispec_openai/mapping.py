@@ -57,6 +57,7 @@ def jobs(body: CompletionRequest | ChatCompletionRequest, prompts: list[str]) ->
                     seed=None if body.seed is None else body.seed + i,
                     stop_words=stops,
                     stream=True,
+                    cache_salt=body.cache_salt,
                 )
             except InvalidRequestError as exc:  # a value the tensors cannot carry (an int over INT32)
                 raise invalid(exc.message, param_of(exc.message)) from None

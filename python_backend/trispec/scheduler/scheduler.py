@@ -172,11 +172,19 @@ class Scheduler(Intake, Admission):
                 continue
             if seq_result.num_drafted:  # the draft cache now holds what the target's does
                 seq.draft_synced = seq_result.num_computed
+            if not seq.output_ids:  # its first round: what its prompt found cached and took is known
+                self._record_kv_metrics(seq)
             seq.stats.draft_time_s += result.draft_time_s
             seq.stats.verify_time_s += result.verify_time_s
             outputs.append(apply_result(seq, seq_result, step.num_draft_tokens, self.stats))
         self._retire()
         return outputs
+
+    def _record_kv_metrics(self, seq: Sequence) -> None:
+        seq.kv_metrics = metrics = self.runner.kv_cache_metrics(seq.seq_id)
+        self.stats.prompt_tokens += len(seq.prompt_ids)
+        if metrics is not None:
+            self.stats.cached_prompt_tokens += min(metrics.cached_tokens, len(seq.prompt_ids))
 
     def _learn(self, plan: StepPlan, result: StepResult) -> None:
         """Feed the adaptive controller each round's acceptance and the step's timing (a round rerun
