@@ -973,18 +973,18 @@ def test_a_refused_first_contact_tries_the_other_replicas_before_pausing() -> No
     attempts = Attempts(SpecDecConnectionError(REFUSED_AT_FIRST_CONTACT), CHUNKS)
     landed = [1]
     start = time.monotonic()
-    assert list(_with_retries(attempts, 30.0, 0, replicas=2, start=1, landed=landed)) == CHUNKS
+    assert list(_with_retries(attempts, 30.0, 0, order=[1, 0], landed=landed)) == CHUNKS
     assert attempts.replicas == [1, 0] and landed == [0] and time.monotonic() - start < 0.2
     refused = [SpecDecConnectionError(REFUSED_AT_FIRST_CONTACT) for _ in range(6)]
     attempts = Attempts(*refused)
     start = time.monotonic()
     with pytest.raises(SpecDecConnectionError, match="Connection refused"):
-        list(_with_retries(attempts, 30.0, 1, replicas=3))
+        list(_with_retries(attempts, 30.0, 1, order=[0, 1, 2]))
     # two rounds of three, one pause (0.125-0.25 s) between them
     assert attempts.replicas == [0, 1, 2, 0, 1, 2] and 0.1 < time.monotonic() - start < 0.5
     attempts = Attempts(make_error("top_p: must be in (0, 1]", "INVALID_ARGUMENT"), CHUNKS)
     with pytest.raises(InvalidRequestError):  # bad input is bad on every replica
-        list(_with_retries(attempts, 30.0, 3, replicas=2))
+        list(_with_retries(attempts, 30.0, 3, order=[0, 1]))
     assert attempts.replicas == [0]
 
 
@@ -1162,7 +1162,7 @@ class Fleet:
 def test_a_stream_cut_on_one_replica_resumes_on_another(monkeypatch: pytest.MonkeyPatch) -> None:
     from trispec_client.resume import text_digest
 
-    client = SpecDecClient("a:1,b:2", timeout_s=30, resume_timeout_s=5)
+    client = SpecDecClient("a:1,b:2", timeout_s=30, resume_timeout_s=5, routing="round-robin")
     assert client.urls == ["a:1", "b:2"]
     cut = SpecDecConnectionError("Stream removed")
     fleet = Fleet(
@@ -1187,7 +1187,7 @@ def test_a_stream_cut_on_one_replica_resumes_on_another(monkeypatch: pytest.Monk
 def test_a_replica_serving_another_model_never_continues_a_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """The other replica refuses (another fingerprint): with no other ready replica serving the model
     the stream began on, the request ends in SpecDecResumeError after the text before the cut."""
-    client = SpecDecClient(["a:1", "b:2", "c:3"], timeout_s=30, resume_timeout_s=5)
+    client = SpecDecClient(["a:1", "b:2", "c:3"], timeout_s=30, resume_timeout_s=5, routing="round-robin")
     message = "expected_model_fingerprint: this replica serves model fingerprint bbbb, not aaaa"
     other = make_error(message, status_from_message(message))
     fleet = Fleet(
@@ -1203,3 +1203,50 @@ def test_a_replica_serving_another_model_never_continues_a_stream(monkeypatch: p
         for chunk in client.stream("Hi"):
             delivered.append(chunk.text)
     assert delivered == ["Bon"] and [i for i, _ in fleet.sent] == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- routing (no server)
+def test_requests_that_begin_alike_go_to_the_same_replica_and_fail_over_in_one_order() -> None:
+    from trispec_client.routing import Router
+
+    urls = ["a:1", "b:2", "c:3"]
+    router = Router(urls)
+    system = "You are a helpful assistant. " * 40  # 1,160 characters: past the 1,024 that place it
+    turns = [system + "Hi", system + "Hi\nHello! How can I help?\nTell me a joke."]
+    orders = [router.order(t) for t in turns]
+    assert orders[0] == orders[1] and sorted(orders[0]) == [0, 1, 2]  # every replica, once
+    assert Router(urls).order(turns[0]) == orders[0]  # any client places it alike: no shared state
+    assert (
+        router.order(turns[0], cache_salt="tenant-b") != orders[0]
+        or router.order(turns[0], cache_salt="tenant-c") != orders[0]
+    )  # the salt takes part
+    # different conversations spread over the replicas; dropping one moves only its own requests
+    prompts = [f"conversation {i}: " + "x" * 30 for i in range(600)]
+    homes = [router.order(p)[0] for p in prompts]
+    assert all(homes.count(r) > 150 for r in range(3))
+    fewer = Router(["a:1", "c:3"])
+    for prompt, home in zip(prompts, homes):
+        if home != 1:
+            assert ["a:1", "c:3"][fewer.order(prompt)[0]] == urls[home]
+    # round-robin: in turn, whatever the text
+    rr = Router(urls, "round-robin")
+    assert [rr.order(turns[0])[0] for _ in range(4)] == [0, 1, 2, 0]
+    with pytest.raises(ValueError, match="routing"):
+        Router(urls, "random")  # type: ignore[arg-type]
+
+
+def test_a_client_sends_a_conversations_turns_to_one_replica_and_its_salt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = SpecDecClient(["a:1", "b:2", "c:3", "d:4"], timeout_s=30)
+    final = StreamChunk("", 1, final=True, finish_reason="length", stats=STATS, cached_tokens=12)
+    fleet = Fleet(client, monkeypatch, **{f"r{i}": [[final]] * 4 for i in range(4)})
+    history = "Some long shared context. " * 50
+    for turn in ("one", "two", "three"):
+        history += turn
+        assert client.generate(history, cache_salt="s3cret").cached_tokens == 12
+    places = {index for index, _ in fleet.sent}
+    assert len(places) == 1 and all(r.cache_salt == "s3cret" for _, r in fleet.sent)
+    assert fleet.sent[0][1].sent_values()["cache_salt"] == "s3cret"
+    with pytest.raises(InvalidRequestError, match="cache_salt"):
+        client.generate("x", cache_salt="")

@@ -15,7 +15,7 @@ BS = 4
 def sealed(bm: BlockManager, seq_id: int, tokens: list[int], salt: str = "") -> int:
     """A request as the runner makes one: registered, matched, the rest appended, all sealed."""
     bm.add(seq_id, 1000, salt)
-    hit = bm.match(seq_id, tokens)
+    hit = bm.match(seq_id, tokens).length
     bm.append(seq_id, len(tokens) - hit)
     bm.seal(seq_id, tokens)
     return hit
@@ -27,14 +27,28 @@ def test_a_repeated_prompt_reuses_its_full_blocks_but_computes_its_last_token() 
     assert sealed(bm, 0, prompt) == 0
     table = list(bm.block_table(0))
     bm.free(0)
-    assert bm.cached_blocks == 2 and bm.used_blocks == 0  # kept after its user finished
-    assert sealed(bm, 1, prompt) == 8
-    assert bm.block_table(1)[:2] == table[:2]
-    # a block-aligned prompt leaves its last block to compute: the last token's logits are needed
+    # kept after its user finished: the two full blocks and the verified start of the third
+    assert bm.cached_blocks == 3 and bm.used_blocks == 0
+    assert sealed(bm, 1, prompt) == 9  # 8 in shared blocks, 1 copied from the third: all but the last
+    assert bm.block_table(1)[:2] == table[:2] and bm.block_table(1)[2] != table[2]
     bm.free(1)
-    aligned = list(range(8))
     bm.add(2, 100)
-    assert bm.match(2, aligned) == 4
+    match = bm.match(2, list(range(8)))  # block-aligned: the second block's first 3 are copied
+    assert (match.length, match.copy_from, match.copy_tokens) == (7, table[1], 3)
+    bm.check()
+
+
+def test_a_conversations_next_turn_computes_only_what_it_adds() -> None:
+    bm = BlockManager(16, BS)
+    turn1, answer = list(range(10)), [50, 51, 52, 53]
+    bm.add(0, 100)
+    bm.append(0, 10)
+    bm.seal(0, turn1)
+    bm.append(0, 3)  # the answer's tokens but the last are fed back and verified
+    bm.seal(0, turn1 + answer[:3])
+    bm.free(0)
+    turn2 = [*turn1, *answer, 60, 61, 62, 63, 64, 65]
+    assert sealed(bm, 1, turn2) == 13  # 3 shared blocks + the verified start of the fourth
     bm.check()
 
 
@@ -43,13 +57,13 @@ def test_blocks_are_shared_with_reference_counts_and_only_full_verified_ones() -
     prompt = list(range(9))
     sealed(bm, 0, prompt)
     bm.add(1, 100)
-    assert bm.match(1, [*prompt[:8], 99, 98]) == 8  # both full blocks, not the partial third
+    assert bm.match(1, [*prompt[:8], 99, 98]).length == 8  # both full blocks, not the partial third
     assert bm.block_table(1)[:2] == bm.block_table(0)[:2]
     assert bm.used_blocks == 3  # shared blocks count once
     bm.free(0)
-    assert bm.used_blocks == 2 and bm.cached_blocks == 0  # still held by 1
+    assert bm.used_blocks == 2 and bm.cached_blocks == 1  # held by 1; 0's last block kept
     bm.free(1)
-    assert bm.cached_blocks == 2
+    assert bm.cached_blocks == 3
     bm.check()
 
 
@@ -58,10 +72,10 @@ def test_unsealed_blocks_are_never_found() -> None:
     bm.add(0, 100)
     bm.append(0, 12)  # computed but not verified (drafts, say)
     bm.add(1, 100)
-    assert bm.match(1, list(range(13))) == 0
+    assert bm.match(1, list(range(13))).length == 0
     bm.seal(0, list(range(5)))  # only the first block's tokens are verified
     bm.add(2, 100)
-    assert bm.match(2, list(range(13))) == 4
+    assert bm.match(2, list(range(13))).length == 4
     bm.check()
 
 
@@ -70,32 +84,32 @@ def test_salts_and_prefixes_that_differ_early_never_share() -> None:
     prompt = list(range(12))
     sealed(bm, 0, prompt, salt="tenant-a")
     bm.add(1, 100, "tenant-b")
-    assert bm.match(1, prompt) == 0
+    assert bm.match(1, prompt).length == 0
     bm.add(2, 100)  # no salt is a namespace of its own
-    assert bm.match(2, prompt) == 0
+    assert bm.match(2, prompt).length == 0
     bm.add(3, 100, "tenant-a")
-    assert bm.match(3, prompt) == 8
+    assert bm.match(3, prompt).length == 11  # 2 shared blocks, 3 tokens of the third copied
     # a block is known by everything before it: the same second block after another first misses
     bm.add(4, 100, "tenant-a")
-    assert bm.match(4, [7, *prompt[1:]]) == 0
+    assert bm.match(4, [7, *prompt[1:]]).length == 0
     assert bm.probe(prompt, "tenant-a") == (2, 0) and bm.probe(prompt, "tenant-c") == (0, 0)
 
 
 def test_cached_blocks_are_evicted_least_recently_used_tail_first() -> None:
     bm = BlockManager(5, BS)
     a, b = list(range(13)), list(range(100, 113))
-    sealed(bm, 0, a)  # 4 blocks, 3 full and cached when it ends
+    sealed(bm, 0, a)  # 4 blocks, all cached when it ends (3 full, 1 partly filled)
     bm.free(0)
-    sealed(bm, 1, b[:9])  # 3 blocks: the 2 empty + 1 evicted (a's tail, let go first)
+    sealed(bm, 1, b[:9])  # 3 blocks: the empty one + 2 evicted (a's tail, let go first)
     bm.free(1)
-    assert bm.counters.evicted_blocks == 1
+    assert bm.counters.evicted_blocks == 2
     bm.add(2, 100)
-    assert bm.match(2, a) == 8  # a's first two blocks are still there
+    assert bm.match(2, a).length == 8  # a's first two blocks are still there
     bm.free(2)
     # a fresh request takes every block it needs: the least recently used go first (b's, then a's)
     bm.add(3, 100)
     bm.append(3, 20)
-    assert bm.cached_blocks == 0 and bm.counters.evicted_blocks == 5
+    assert bm.cached_blocks == 0 and bm.counters.evicted_blocks == 7
     with pytest.raises(CapacityError):
         bm.append(3, 1)
     bm.check()
@@ -106,7 +120,7 @@ def test_rollback_never_touches_a_shared_block() -> None:
     prompt = list(range(10))
     sealed(bm, 0, prompt)
     bm.add(1, 100)
-    bm.match(1, prompt)
+    assert bm.match(1, prompt).length == 8
     with pytest.raises(ValueError, match="shared"):
         bm.truncate(1, 6)  # would make the shared second block writable
     bm.truncate(1, 4)  # to a boundary: lets the second block go, shares nothing it writes
@@ -115,7 +129,7 @@ def test_rollback_never_touches_a_shared_block() -> None:
     bm.free(1)
     bm.truncate(0, 6)
     bm.add(2, 100)
-    assert bm.match(2, prompt) == 4
+    assert bm.match(2, prompt).length == 4
     bm.check()
 
 
@@ -134,7 +148,7 @@ def test_the_off_switch() -> None:
     bm.free(0)
     assert bm.cached_blocks == 0
     bm.add(1, 100)
-    assert bm.match(1, list(range(9))) == 0 and bm.probe(list(range(9))) == (0, 0)
+    assert bm.match(1, list(range(9))).length == 0 and bm.probe(list(range(9))) == (0, 0)
 
 
 def test_books_balance_after_thousands_of_random_requests() -> None:
@@ -151,9 +165,9 @@ def test_books_balance_after_thousands_of_random_requests() -> None:
         salts[seq_id] = rng.choice(["", "", "x"])
         if bm.room_for({seq_id: len(prompt) + 4}):
             bm.add(seq_id, len(prompt) + 40, salts[seq_id])
-            got = bm.match(seq_id, prompt)
+            got = bm.match(seq_id, prompt).length
             hits += got > 0
-            assert got % BS == 0 and got < len(prompt)
+            assert got < len(prompt)
             bm.append(seq_id, len(prompt) - got)
             bm.seal(seq_id, prompt)
             live[seq_id] = prompt
@@ -168,7 +182,7 @@ def test_books_balance_after_thousands_of_random_requests() -> None:
                     del live[sid]
                     continue
                 bm.add(sid, len(tokens) + 40, salts[sid])
-                got = bm.match(sid, tokens)
+                got = bm.match(sid, tokens).length
                 bm.append(sid, len(tokens) - got)
                 bm.seal(sid, tokens)
             else:  # a round: the tokens the cache lacks and k drafts in, some accepted, the rest rolled back

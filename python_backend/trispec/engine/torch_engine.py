@@ -199,11 +199,24 @@ class TorchEngine:
         blocks, claimed = self.blocks.probe(token_ids, cache_salt)
         return blocks * self.block_size, claimed
 
+    @torch.inference_mode()
     def reuse_prefix(self, seq_id: int, token_ids: Sequence[int]) -> int:
-        return self.blocks.match(seq_id, token_ids)
+        match = self.blocks.match(seq_id, token_ids)
+        if match.copy_tokens:  # a partial hit: the first keys and values of a cached block
+            bs = self.block_size
+            src = torch.arange(match.copy_from * bs, match.copy_from * bs + match.copy_tokens)
+            dst = torch.arange(match.copy_to * bs, match.copy_to * bs + match.copy_tokens)
+            src, dst = src.to(self.kv.k.device), dst.to(self.kv.k.device)
+            for cache in (self.kv.k, self.kv.v):
+                cache.index_copy_(2, dst, cache.index_select(2, src))
+        return match.length
 
     def cache_verified(self, seq_id: int, token_ids: Sequence[int]) -> None:
         self.blocks.seal(seq_id, token_ids)
+
+    def drop_prefix_cache(self) -> None:
+        """Forget the cached blocks no sequence holds (benchmarks: every arm starts cold)."""
+        self.blocks.drop_cached()
 
     def kv_cache_metrics(self, seq_id: int) -> KVCacheMetrics | None:
         context = self.blocks.context_blocks(seq_id)
