@@ -32,6 +32,8 @@ class Reply:
     # the prompt's and the answer's token ids, where the system knows them (ours)
     prompt_ids: tuple[int, ...] = ()
     output_ids: tuple[int, ...] = ()
+    # request sent to last token
+    total_s: float = 0.0
 
     @property
     def computed_tokens(self) -> int:
@@ -100,12 +102,14 @@ class LlamaServer:
         timings = final.get("timings", {})
         computed = int(timings.get("prompt_n", 0))
         cached = int(timings.get("cache_n", final.get("tokens_cached", 0)))
+        total = time.perf_counter() - start
         return Reply(
             "".join(parts),
-            ttft if ttft is not None else time.perf_counter() - start,
+            ttft if ttft is not None else total,
             computed + cached,
             cached,
             int(timings.get("predicted_n", 0)),
+            total_s=total,
         )
 
     def cold(self) -> None:

@@ -8,7 +8,10 @@ time, as one user per slot would):
 ``interleaved``  ``--users`` conversations, their turns taken in turn (user 1 turn 1, user 2 turn 1,
                  ...): what a server with fewer slots than users sees;
 ``shared-system`` ``--users`` conversations opening with the same long system prompt, two turns each;
-``repeat``       one prompt of about ``--repeat-tokens`` tokens, sent twice.
+``repeat``       one prompt of about ``--repeat-tokens`` tokens, sent twice;
+``cold``         ours only: 8 first turns no request shares, with the prefix cache on and off in
+                 turn (the same engine, twice each): what the bookkeeping costs a cold prompt and
+                 decoding.
 
 A conversation opens with a system prompt of about ``--system-tokens`` tokens (HumanEval code as
 reference material; its own per user, except in ``shared-system``); user turns are ShareGPT first
@@ -74,14 +77,21 @@ class Ours:
                 tokens += out.new_token_ids
                 cached = out.cached_tokens
         assert ttft is not None
-        return Reply(text, ttft, len(ids), cached, len(tokens), tuple(ids), tuple(tokens))
+        total = time.perf_counter() - start
+        return Reply(text, ttft, len(ids), cached, len(tokens), tuple(ids), tuple(tokens), total)
+
+    def _engines(self) -> list[Any]:
+        runner: Any = self.llm.engine.runner
+        draft = getattr(getattr(runner.drafter, "model", runner.drafter), "engine", None)
+        return [runner.target] + ([draft] if draft is not None else [])
 
     def cold(self) -> None:
-        runner: Any = self.llm.engine.runner
-        runner.target.drop_prefix_cache()
-        draft = getattr(getattr(runner.drafter, "model", runner.drafter), "engine", None)
-        if draft is not None:
-            draft.drop_prefix_cache()
+        for engine in self._engines():
+            engine.drop_prefix_cache()
+
+    def caching(self, on: bool) -> None:
+        for engine in self._engines():
+            engine.blocks.prefix_caching = on
 
     def close(self) -> None:
         pass
@@ -177,6 +187,48 @@ def run_scenario(
             yield TurnRow(system.name, scenario, u + 1, turn, reply, new)
 
 
+COLD_PROMPTS = 8
+
+
+def cold_on_and_off(ours: Ours, texts: Conversations, max_tokens: int) -> dict[str, Any]:
+    """Cold prompts with the prefix cache on and off, in turn on the same engine: first-token time
+    (prefill) and decode speed, on over off."""
+    prompts = [
+        texts.prompt(
+            [
+                # a number first: no two share even their first block
+                {"role": "system", "content": f"Session {1000 + i}. " + texts.system(10 + i)},
+                {"role": "user", "content": texts.user_turn(10 + i, 1)},
+            ]
+        )
+        for i in range(COLD_PROMPTS)
+    ]
+    replies: dict[bool, list[Reply]] = {True: [], False: []}
+    for order in ((True, False), (False, True)):
+        for on in order:
+            ours.caching(on)
+            ours.cold()
+            replies[on] += [ours.reply(p, max_tokens) for p in prompts]
+    ours.caching(True)
+
+    def ttft(on: bool) -> float:
+        return statistics.mean(r.ttft_s for r in replies[on])
+
+    def decode_tok_s(on: bool) -> float:
+        return sum(r.output_tokens - 1 for r in replies[on]) / sum(r.total_s - r.ttft_s for r in replies[on])
+
+    assert all(r.cached_tokens == 0 for rs in replies.values() for r in rs), "cold prompts hit the cache"
+    return {
+        "row": "multiturn_summary",
+        "scenario": "cold",
+        "prompts": COLD_PROMPTS * 2,
+        "ttft_off_s": round(ttft(False), 4),
+        "ttft_on_s": round(ttft(True), 4),
+        "cold_prompt_speed_on_over_off": round(ttft(False) / ttft(True), 4),
+        "decode_speed_on_over_off": round(decode_tok_s(True) / decode_tok_s(False), 4),
+    }
+
+
 def summary(rows: list[TurnRow]) -> list[dict[str, Any]]:
     """Per scenario: ours against llama-server, computed / new after the first turn, the hit rate."""
     out = []
@@ -240,10 +292,11 @@ def run(args: Any, config: SpecDecConfig) -> int:
                 ):
                     rows.append(row)
                     print(json.dumps(row.to_dict()) if args.json else _line(row), flush=True)
+        cold = cold_on_and_off(systems[0], texts, args.max_tokens)  # type: ignore[arg-type]
     finally:
         for system in systems:
             system.close()
-    for s in summary(rows):
+    for s in [*summary(rows), cold]:
         print(json.dumps(s) if args.json else "  ".join(f"{k}={v}" for k, v in s.items()), flush=True)
     return 0
 

@@ -42,6 +42,7 @@ class ContextBlocks:
 
     blocks: int
     reused: int = 0
+    reused_tokens: int = 0  # the tokens those blocks held for it (a partly reused one: the part)
     new: int = 0  # taken from the empty blocks
     recycled: int = 0  # taken by evicting a cached block
 
@@ -205,6 +206,7 @@ class BlockManager:
         self.counters.hit_tokens += match.length - before
         if first:
             seq.context.reused = len(seq.table)  # type: ignore[union-attr]
+            seq.context.reused_tokens = match.length  # type: ignore[union-attr]
         return match
 
     def seal(self, seq_id: int, token_ids: Sequence[int]) -> None:
