@@ -222,7 +222,9 @@ class TorchEngine:
         context = self.blocks.context_blocks(seq_id)
         if context is None:
             return None
-        return KVCacheMetrics(context.reused, context.missed, context.new, context.taken, context.reused_tokens)
+        return KVCacheMetrics(
+            context.reused, context.missed, context.new, context.taken, context.reused_tokens
+        )
 
     def cached_length(self, seq_id: int) -> int:
         return self.blocks.length(seq_id)
