@@ -761,6 +761,8 @@ class FakeClient:
         retries: int,
         resume: bool,
         resume_timeout_s: float,
+        routing: str,
+        route_prefix_chars: int,
     ) -> None:
         self.init = {
             "url": url,
@@ -770,6 +772,8 @@ class FakeClient:
             "retries": retries,
             "resume": resume,
             "resume_timeout_s": resume_timeout_s,
+            "routing": routing,
+            "route_prefix_chars": route_prefix_chars,
         }
         self.calls: list[tuple[str, str, dict[str, Any]]] = []
         self.closed_early = False
@@ -822,7 +826,20 @@ def _run_cli(argv: list[str]) -> tuple[int, str, str]:
 
 def test_cli_streams_text_then_summary_on_stderr(fake_client: type[FakeClient]) -> None:
     code, out, err = _run_cli(
-        ["generate", "Capital?", "--max-tokens", "2", "--seed", "3", "--stop", ".", "--timeout", "9"]
+        [
+            "generate",
+            "Capital?",
+            "--max-tokens",
+            "2",
+            "--seed",
+            "3",
+            "--stop",
+            ".",
+            "--timeout",
+            "9",
+            "--cache-salt",
+            "t1",
+        ]
     )
     assert code == 0
     assert out == "Paris is\n"
@@ -836,10 +853,13 @@ def test_cli_streams_text_then_summary_on_stderr(fake_client: type[FakeClient]) 
         "retries": 3,
         "resume": True,
         "resume_timeout_s": 60.0,
+        "routing": "prefix",
+        "route_prefix_chars": 1024,
     }
     name, prompt, kwargs = client.calls[0]
     assert (name, prompt) == ("stream", "Capital?")
     assert kwargs["max_tokens"] == 2 and kwargs["seed"] == 3 and kwargs["stop_words"] == ["."]
+    assert kwargs["cache_salt"] == "t1"
     assert kwargs["temperature"] is None  # unset flags stay unset: server defaults
 
 
@@ -871,6 +891,7 @@ def test_cli_json_prints_one_object(fake_client: type[FakeClient]) -> None:
         },
         "seed": None,
         "model_fingerprint": None,
+        "cached_tokens": None,
     }
 
 
@@ -1250,3 +1271,9 @@ def test_a_client_sends_a_conversations_turns_to_one_replica_and_its_salt(
     assert fleet.sent[0][1].sent_values()["cache_salt"] == "s3cret"
     with pytest.raises(InvalidRequestError, match="cache_salt"):
         client.generate("x", cache_salt="")
+
+
+def test_cli_summary_says_the_cached_prompt_tokens() -> None:
+    completion = Completion("x", 2, "length", None, cached_tokens=48)
+    assert cli.summary(completion) == "[2 tokens, length, 48 prompt tokens cached]"
+    assert cli.summary(Completion("x", 2, "length", None, cached_tokens=0)) == "[2 tokens, length]"
