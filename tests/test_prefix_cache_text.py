@@ -41,46 +41,60 @@ def kv_bits(engine: TorchEngine, seq_id: int, length: int) -> torch.Tensor:
     return torch.stack([engine.kv.k.index_select(2, slots), engine.kv.v.index_select(2, slots)])
 
 
-def computed(variant: str, feeds: list[int], companions: int = 0, logits: bool = False) -> torch.Tensor:
-    """The KV of TEXT[:45] fed in pieces of ``feeds`` tokens, each piece beside ``companions`` other
-    sequences feeding their own, asking for logits on every fed row (a verify pass) or none."""
-    engine = make_engine(variant)
+def computed(
+    engine: TorchEngine, feeds: list[int], companions: int = 0, logits: bool = False
+) -> torch.Tensor:
+    """The KV of TEXT[:45] fed, as a new sequence of ``engine``, in pieces of ``feeds`` tokens, each
+    piece beside ``companions`` other new sequences feeding their own, asking for logits on every fed
+    row (a verify pass) or none."""
     rng = random.Random(sum(feeds) + companions)
-    engine.add_sequence(0, 100)
-    for j in range(companions):
-        engine.add_sequence(j + 1, 400)
+    first = max(engine.blocks.seq_ids(), default=-1) + 1
+    engine.add_sequence(first, 100)
+    for j in range(1, companions + 1):
+        engine.add_sequence(first + j, 400)
     done = 0
     for n in feeds:
-        inputs = [ForwardInput(0, TEXT[done : done + n], n if logits else 0)]
-        for j in range(companions):
+        inputs = [ForwardInput(first, TEXT[done : done + n], n if logits else 0)]
+        for j in range(1, companions + 1):
             other = [rng.randrange(256) for _ in range(rng.randrange(1, 9))]
-            inputs.append(ForwardInput(j + 1, other, 1))
+            inputs.append(ForwardInput(first + j, other, 1))
         engine.forward(inputs)
         done += n
     assert done == 45
-    return kv_bits(engine, 0, 45)
+    return kv_bits(engine, first, 45)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_a_positions_kv_is_the_same_bits_however_it_was_computed(variant: str) -> None:
-    one_prefill = computed(variant, [45])
+    engine = make_engine(variant)
+    one_prefill = computed(engine, [45])
     ways = {
-        "chunks 5+17+23": computed(variant, [5, 17, 23]),
-        "token by token (decode steps)": computed(variant, [1] * 45),
-        "verify passes of 5 (logits on every row)": computed(variant, [5] * 9, logits=True),
-        "beside 7 sequences, chunks of 9": computed(variant, [9] * 5, companions=7),
-        "beside 3 sequences, token by token": computed(variant, [1] * 45, companions=3),
+        "chunks 5+17+23": computed(engine, [5, 17, 23]),
+        "token by token (decode steps)": computed(engine, [1] * 45),
+        "verify passes of 5 (logits on every row)": computed(engine, [5] * 9, logits=True),
+        "beside 7 sequences, chunks of 9": computed(engine, [9] * 5, companions=7),
+        "beside 3 sequences, token by token": computed(engine, [1] * 45, companions=3),
     }
     differing = [name for name, kv in ways.items() if not torch.equal(kv, one_prefill)]
     assert not differing, differing
     assert one_prefill.abs().sum() > 0
 
 
+def test_the_kv_check_can_fail() -> None:
+    """Sharp: torch's SDPA attention, which is not row-invariant, gives other bits token by token."""
+    VARIANTS["sdpa"] = {"attention": "sdpa"}
+    try:
+        engine = make_engine("sdpa")
+    finally:
+        del VARIANTS["sdpa"]
+    assert not torch.equal(computed(engine, [1] * 45), computed(engine, [45]))
+
+
 # -- through the llm: cold vs warm, token for token -------------------------------------------------
-LENGTHS = [5, 8, 9, 16, 23, 40, 64, 65, 100, 170, 250, 333]
+LENGTHS = [5, 9, 16, 23, 64, 65, 170, 333]
 
 
-def requests(sampled: bool, max_tokens: int = 20) -> list[GenerationRequest]:
+def requests(sampled: bool, max_tokens: int = 16) -> list[GenerationRequest]:
     return [
         GenerationRequest(
             prompt_token_ids=TEXT[:length],
@@ -132,7 +146,7 @@ def test_cold_and_warm_give_the_same_tokens(variant: str, sampled: bool, rule: s
     warm, target, drafter = build(variant, rule, caching=True)
     rng = random.Random(7)
     # warm up on some of the same prompts (shorter answers), then everything in random groups
-    run(warm, [requests(sampled, max_tokens=6)[i] for i in rng.sample(range(len(LENGTHS)), 6)], rng)
+    run(warm, [requests(sampled, max_tokens=6)[i] for i in rng.sample(range(len(LENGTHS)), 4)], rng)
     got = run(warm, batch, rng)
     assert got == expected
     stats = warm.stats

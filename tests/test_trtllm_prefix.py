@@ -59,7 +59,7 @@ def test_a_requests_reused_blocks_and_hit_rate_come_from_the_executor(
     results = {}
     for name, salt in (("cold", None), ("warm", None), ("salted", "tenant-a"), ("salted again", "tenant-a")):
         rid = llm.add_request(
-            GenerationRequest(prompt=prompt, max_tokens=8, num_draft_tokens=3, cache_salt=salt)
+            GenerationRequest(prompt=prompt, max_tokens=4, num_draft_tokens=3, cache_salt=salt)
         )
         final = drain(llm)[rid][-1]
         results[name] = final
