@@ -186,3 +186,33 @@ def test_salted_requests_never_share_blocks() -> None:
         rid = llm.add_request(GenerationRequest(prompt_token_ids=prompt, max_tokens=2, cache_salt=salt))
         out = run_to_completion(llm)[rid]
         assert out[-1].cached_tokens == cached, salt
+
+
+def test_only_uncached_tokens_count_against_the_prefill_budget_and_the_kv_room() -> None:
+    """A cached prompt starts decoding in its first step whatever the prefill budget, and a second
+    request of a prompt the running one holds is admitted beside it in a pool that could not hold two
+    copies (its blocks are shared, not taken again)."""
+    target = tiny_engine(0, num_blocks=30, block_size=8)  # 240 tokens
+    llm = spec_engine(target, None, max_prefill_tokens_per_step=32, max_context=240)
+    prompt = TEXT[:200]  # 25 blocks
+    steps_to_first = []
+    for _ in range(2):
+        rid = llm.add_request(GenerationRequest(prompt_token_ids=prompt, max_tokens=4))
+        steps = 0
+        while True:
+            steps += 1
+            if any(o.request_id == rid and o.new_token_ids for o in llm.step()):
+                break
+        steps_to_first.append(steps)
+        run_to_completion(llm)
+    assert steps_to_first[0] >= 7 and steps_to_first[1] == 1  # 200 / 32 chunks, then none
+    prefilled = llm.stats.prefill_tokens
+    first = llm.add_request(GenerationRequest(prompt_token_ids=prompt, max_tokens=20))
+    llm.step()
+    second = llm.add_request(GenerationRequest(prompt_token_ids=[*prompt, 5], max_tokens=4))
+    llm.step()
+    assert llm.num_running == 2  # admitted beside it: 25 + 26 blocks would not fit 30
+    outputs = run_to_completion(llm)
+    assert outputs[first][-1].finished and outputs[second][-1].finished
+    assert llm.stats.prefill_tokens - prefilled <= 2  # (the prompts' last tokens ride with decodes)
+    target.blocks.check()
