@@ -84,7 +84,7 @@ class Scheduler(Intake, Admission):
             extra = seq.num_tokens - seq.num_computed - 1
             if extra <= budget:
                 budget -= extra
-                steps.append(self._step(seq, seq.num_tokens, seq.num_draft_tokens))
+                steps.append(self._step(seq, seq.num_tokens, self._k_with_prompt(seq, extra)))
             elif budget > 0:
                 steps.append(self._step(seq, seq.num_computed + budget, 0))
                 budget = 0
@@ -98,7 +98,11 @@ class Scheduler(Intake, Admission):
         if self.controller is None:
             return steps
         free = [
-            i for i, s in enumerate(steps) if not s.is_prompt_chunk and not self._seq(s.seq_id).keeps_its_k
+            i
+            for i, s in enumerate(steps)
+            if not s.is_prompt_chunk
+            and not self._seq(s.seq_id).keeps_its_k
+            and len(s.token_ids) - s.num_computed == 1  # a step feeding prompt tokens drafts nothing
         ]
         if not free:
             return steps
@@ -118,6 +122,14 @@ class Scheduler(Intake, Admission):
             s = steps[i]
             steps[i] = SeqStep(s.seq_id, s.token_ids, s.num_computed, s.feed_to, k, s.sampling)
         return steps
+
+    @staticmethod
+    def _k_with_prompt(seq: Sequence, extra: int) -> int:
+        """A decode step that also feeds ``extra`` prompt tokens (its first, or the rest of a prompt a
+        prefix-cache hit left) drafts nothing: its first token comes with the target's prefill alone,
+        not after a draft model has caught up on the prompt (that happens in the next round). Not for
+        a request whose output depends on its drafts (the rejection rule, seeded): it keeps its k."""
+        return seq.num_draft_tokens if extra == 0 or seq.keeps_its_k else 0
 
     def _step(self, seq: Sequence, feed_to: int, k: int) -> SeqStep:
         # never draft past max_tokens: the last round needs room for the target's own token
