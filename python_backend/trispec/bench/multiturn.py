@@ -271,7 +271,9 @@ def run(args: Any, config: SpecDecConfig) -> int:
 
     if args.kv_cache_mb is not None:  # pool pressure: eviction must degrade to cold, never fail
         target = config.target.model_copy(update={"kv_cache_mb": args.kv_cache_mb})
-        config = config.model_copy(update={"target": target})
+        # the longest sequence: what the smaller pool holds (a config's max_context may not fit it)
+        scheduler = config.scheduler.model_copy(update={"max_context": None})
+        config = config.model_copy(update={"target": target, "scheduler": scheduler})
     texts = Conversations(
         load_tokenizer(config.target, "target"), args.seed, args.system_tokens, args.repeat_tokens
     )
