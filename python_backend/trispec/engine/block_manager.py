@@ -191,7 +191,8 @@ class BlockManager:
         if first:
             seq.context = ContextBlocks(blocks_for(len(token_ids), bs))
         limit = len(token_ids) - 1
-        if not self.prefix_caching or seq.length != len(seq.digests) * bs or limit <= seq.length:
+        # (a draft cache one token behind, as after most rounds, has nothing worth looking up)
+        if not self.prefix_caching or seq.length != len(seq.digests) * bs or limit - seq.length < 2:
             return Match(seq.length)
         before = seq.length
         for digest, block in self._lookup(seq.parent, token_ids, len(seq.table)):
