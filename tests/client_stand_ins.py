@@ -20,6 +20,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from trispec_client import (
     Completion,
+    GenerationRequest,
+    SpecDecClient,
     SpecDecError,
     SpeculationStats,
     StreamChunk,
@@ -186,6 +188,8 @@ class FakeClient:
         retries: int,
         resume: bool,
         resume_timeout_s: float,
+        routing: str,
+        route_prefix_chars: int,
     ) -> None:
         self.init = {
             "url": url,
@@ -195,6 +199,8 @@ class FakeClient:
             "retries": retries,
             "resume": resume,
             "resume_timeout_s": resume_timeout_s,
+            "routing": routing,
+            "route_prefix_chars": route_prefix_chars,
         }
         self.calls: list[tuple[str, str, dict[str, Any]]] = []
         self.closed_early = False
@@ -269,3 +275,29 @@ class Attempts:
 
 
 CHUNKS = [StreamChunk("a", 1), StreamChunk("", 1, final=True)]
+
+
+class Fleet:
+    """Stand-in replicas for ``SpecDecClient``: per replica, the chunks (or error) of each attempt
+    sent there, and whether its model is ready."""
+
+    def __init__(
+        self, client: SpecDecClient, monkeypatch: pytest.MonkeyPatch, **replicas: list[object]
+    ) -> None:
+        self.outcomes = {int(name[1:]): list(v) for name, v in replicas.items()}
+        self.ready = {i: True for i in self.outcomes}
+        self.sent: list[tuple[int, GenerationRequest]] = []
+        monkeypatch.setattr(client.replicas, "attempt", self.attempt)
+        monkeypatch.setattr(client.replicas, "model_ready", lambda i, timeout_s: self.ready[i])
+
+    def attempt(self, index: int, request: GenerationRequest, timeout_s: float) -> Iterator[StreamChunk]:
+        self.sent.append((index, request))
+        outcome = self.outcomes[index].pop(0)
+
+        def run() -> Iterator[StreamChunk]:
+            for item in outcome if isinstance(outcome, list) else [outcome]:
+                if isinstance(item, Exception):
+                    raise item
+                yield item  # type: ignore[misc]
+
+        return run()

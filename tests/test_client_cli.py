@@ -72,7 +72,20 @@ def test_cli_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_streams_text_then_summary_on_stderr(fake_client: type[FakeClient]) -> None:
     code, out, err = _run_cli(
-        ["generate", "Capital?", "--max-tokens", "2", "--seed", "3", "--stop", ".", "--timeout", "9"]
+        [
+            "generate",
+            "Capital?",
+            "--max-tokens",
+            "2",
+            "--seed",
+            "3",
+            "--stop",
+            ".",
+            "--timeout",
+            "9",
+            "--cache-salt",
+            "t1",
+        ]
     )
     assert code == 0
     assert out == "Paris is\n"
@@ -86,10 +99,13 @@ def test_cli_streams_text_then_summary_on_stderr(fake_client: type[FakeClient]) 
         "retries": 3,
         "resume": True,
         "resume_timeout_s": 60.0,
+        "routing": "prefix",
+        "route_prefix_chars": 1024,
     }
     name, prompt, kwargs = client.calls[0]
     assert (name, prompt) == ("stream", "Capital?")
     assert kwargs["max_tokens"] == 2 and kwargs["seed"] == 3 and kwargs["stop_words"] == ["."]
+    assert kwargs["cache_salt"] == "t1"
     assert kwargs["temperature"] is None  # unset flags stay unset: server defaults
 
 
@@ -121,6 +137,7 @@ def test_cli_json_prints_one_object(fake_client: type[FakeClient]) -> None:
         },
         "seed": None,
         "model_fingerprint": None,
+        "cached_tokens": None,
     }
 
 

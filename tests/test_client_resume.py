@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
 
 import pytest
-from client_stand_ins import QUEUE_FULL, STATS, FakeClient, _run_cli
+from client_stand_ins import QUEUE_FULL, STATS, FakeClient, Fleet, _run_cli
 from trispec_client import (
     GenerationRequest,
     InvalidRequestError,
@@ -149,36 +148,10 @@ def test_a_resumed_stream_must_come_from_the_model_it_began_on() -> None:
     assert "expected_model_fingerprint" not in old.request().sent_values()
 
 
-class Fleet:
-    """Stand-in replicas for ``SpecDecClient``: per replica, the chunks (or error) of each attempt
-    sent there, and whether its model is ready."""
-
-    def __init__(
-        self, client: SpecDecClient, monkeypatch: pytest.MonkeyPatch, **replicas: list[object]
-    ) -> None:
-        self.outcomes = {int(name[1:]): list(v) for name, v in replicas.items()}
-        self.ready = {i: True for i in self.outcomes}
-        self.sent: list[tuple[int, GenerationRequest]] = []
-        monkeypatch.setattr(client.replicas, "attempt", self.attempt)
-        monkeypatch.setattr(client.replicas, "model_ready", lambda i, timeout_s: self.ready[i])
-
-    def attempt(self, index: int, request: GenerationRequest, timeout_s: float) -> Iterator[StreamChunk]:
-        self.sent.append((index, request))
-        outcome = self.outcomes[index].pop(0)
-
-        def run() -> Iterator[StreamChunk]:
-            for item in outcome if isinstance(outcome, list) else [outcome]:
-                if isinstance(item, Exception):
-                    raise item
-                yield item  # type: ignore[misc]
-
-        return run()
-
-
 def test_a_stream_cut_on_one_replica_resumes_on_another(monkeypatch: pytest.MonkeyPatch) -> None:
     from trispec_client.resume import text_digest
 
-    client = SpecDecClient("a:1,b:2", timeout_s=30, resume_timeout_s=5)
+    client = SpecDecClient("a:1,b:2", timeout_s=30, resume_timeout_s=5, routing="round-robin")
     assert client.urls == ["a:1", "b:2"]
     cut = SpecDecConnectionError("Stream removed")
     fleet = Fleet(
@@ -203,7 +176,7 @@ def test_a_stream_cut_on_one_replica_resumes_on_another(monkeypatch: pytest.Monk
 def test_a_replica_serving_another_model_never_continues_a_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """The other replica refuses (another fingerprint): with no other ready replica serving the model
     the stream began on, the request ends in SpecDecResumeError after the text before the cut."""
-    client = SpecDecClient(["a:1", "b:2", "c:3"], timeout_s=30, resume_timeout_s=5)
+    client = SpecDecClient(["a:1", "b:2", "c:3"], timeout_s=30, resume_timeout_s=5, routing="round-robin")
     message = "expected_model_fingerprint: this replica serves model fingerprint bbbb, not aaaa"
     other = make_error(message, status_from_message(message))
     fleet = Fleet(

@@ -44,18 +44,18 @@ def test_a_refused_first_contact_tries_the_other_replicas_before_pausing() -> No
     attempts = Attempts(SpecDecConnectionError(REFUSED_AT_FIRST_CONTACT), CHUNKS)
     landed = [1]
     start = time.monotonic()
-    assert list(_with_retries(attempts, 30.0, 0, replicas=2, start=1, landed=landed)) == CHUNKS
+    assert list(_with_retries(attempts, 30.0, 0, order=[1, 0], landed=landed)) == CHUNKS
     assert attempts.replicas == [1, 0] and landed == [0] and time.monotonic() - start < 0.2
     refused = [SpecDecConnectionError(REFUSED_AT_FIRST_CONTACT) for _ in range(6)]
     attempts = Attempts(*refused)
     start = time.monotonic()
     with pytest.raises(SpecDecConnectionError, match="Connection refused"):
-        list(_with_retries(attempts, 30.0, 1, replicas=3))
+        list(_with_retries(attempts, 30.0, 1, order=[0, 1, 2]))
     # two rounds of three, one pause (0.125-0.25 s) between them
     assert attempts.replicas == [0, 1, 2, 0, 1, 2] and 0.1 < time.monotonic() - start < 0.5
     attempts = Attempts(make_error("top_p: must be in (0, 1]", "INVALID_ARGUMENT"), CHUNKS)
     with pytest.raises(InvalidRequestError):  # bad input is bad on every replica
-        list(_with_retries(attempts, 30.0, 3, replicas=2))
+        list(_with_retries(attempts, 30.0, 3, order=[0, 1]))
     assert attempts.replicas == [0]
 
 

@@ -38,7 +38,7 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 # what the dashboard must chart (the issue's list): tokens/s, TTFT, inter-token latency, acceptance
 # overall and per position, mean k chosen, queue depth, KV blocks in use, preemptions, refusals by
-# reason, draft failures
+# reason, draft failures; the prefix cache's hit rate, cached blocks and evictions
 REQUIRED_FAMILIES = {
     "specdec_generated_tokens_total",
     "specdec_time_to_first_token_seconds",
@@ -54,6 +54,12 @@ REQUIRED_FAMILIES = {
     "specdec_preemptions_total",
     "specdec_requests_rejected_total",
     "specdec_draft_failures_total",
+    # the prefix cache (issue 40): hit rate per pool, cached blocks, evictions, prompt tokens cached
+    "specdec_prefix_cache_hit_tokens_total",
+    "specdec_prefix_cache_queried_tokens_total",
+    "specdec_kv_blocks_cached",
+    "specdec_prefix_cache_evicted_blocks_total",
+    "specdec_prompt_cached_tokens_total",
 }
 
 

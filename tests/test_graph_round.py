@@ -91,6 +91,35 @@ def test_graph_path_output_equals_target_greedy(kind: str) -> None:
     assert graphs.drafter is not None and graphs.drafter.engine.kv_usage().used_blocks == 0
 
 
+def test_graph_rounds_read_blocks_shared_through_the_prefix_cache() -> None:
+    """Shared blocks are block-table entries like any other: sequences whose prompts begin alike run
+    their graph rounds over the same cached blocks, in both pools, and still decode as the target
+    alone does."""
+    base = list(range(40, 80))  # five blocks of 8
+    prompts = [[*base, 7 * i + 1, 7 * i + 2, 7 * i + 3] for i in range(4)]
+    references = [reference_greedy(p, 16) for p in prompts]
+    llm, graphs, rounds = graph_llm("model")
+    first = llm.add_request(GenerationRequest(prompt_token_ids=prompts[0], max_tokens=16, num_draft_tokens=3))
+    outputs = run_to_completion(llm)
+    ids = [
+        llm.add_request(GenerationRequest(prompt_token_ids=p, max_tokens=16, num_draft_tokens=3))
+        for p in prompts[1:]
+    ]
+    for out in llm.step():
+        outputs.setdefault(out.request_id, []).append(out)
+    target, draft = graphs.target, graphs.drafter.engine  # type: ignore[union-attr]
+    tables = [target.blocks.block_table(seq.seq_id) for seq in llm.scheduler.running]
+    assert len(tables) == 3 and tables[0][:5] == tables[1][:5] == tables[2][:5]  # held by all three
+    for rid, more in run_to_completion(llm).items():
+        outputs.setdefault(rid, []).extend(more)
+    assert [tokens_of(outputs[rid]) for rid in [first, *ids]] == references
+    assert llm.stats.cached_prompt_tokens >= 3 * len(base) and len(rounds) > 5
+    assert draft.kv_usage().hit_tokens >= 3 * len(base)  # the draft model's pool shared them too
+    assert llm.runner.eager_rounds == 0  # type: ignore[attr-defined]
+    target.blocks.check()
+    draft.blocks.check()
+
+
 def prefilled():
     """Target and draft engines with three prompts cached, the draft one token behind (as after a
     round), and the decode steps of the next round."""

@@ -119,6 +119,18 @@ def test_chat_uses_the_models_template(
     assert whole.object == "chat.completion"
     assert whole.choices[0].message.role == "assistant" and whole.choices[0].message.content == want
     assert whole.usage is not None and whole.usage.prompt_tokens == served_tokenizer.count(prompt)
+    # the same chat was just sent by SpecDecClient: its prompt's blocks came from the prefix cache
+    details = whole.usage.prompt_tokens_details
+    assert details is not None and 16 <= (details.cached_tokens or 0) < whole.usage.prompt_tokens
+    # another tenant's salt shares none of them; the second request of that salt does
+    cached = []
+    for _ in range(2):  # one after the other, streamed: the usage chunk says it too
+        stream = client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2, stream=True, stream_options={"include_usage": True},
+            extra_body={"cache_salt": "tenant-openai"},
+        )  # fmt: skip
+        cached.append(list(stream)[-1].usage.prompt_tokens_details.cached_tokens)  # type: ignore[union-attr]
+    assert cached[0] == 0 and cached[1] == details.cached_tokens
 
     stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, stream=True)
     chunks = list(stream)

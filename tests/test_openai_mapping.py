@@ -131,6 +131,9 @@ def test_usage_sums_choices_and_counts_each_prompt_once(served_tokenizer: Served
     assert got["draft_tokens"] == 12 and got["accepted_tokens"] == 6 and got["acceptance_rate"] == 0.5
     assert got["verify_rounds"] == 4 and got["mean_accepted_length"] == 2.5
     assert got["mean_num_draft_tokens"] == 3.0
+    assert got["prompt_tokens_details"] == {"cached_tokens": 0}
+    b.add(Piece("", 2, final=True, cached_tokens=5), served_tokenizer)
+    assert usage([a, b], [PROMPT], served_tokenizer)["prompt_tokens_details"] == {"cached_tokens": 5}
 
 
 def test_structure_of_maps_response_format_and_tools() -> None:

@@ -167,14 +167,20 @@ def test_offline_requests_wait_their_turn() -> None:
 
 def test_churn_of_arrivals_cancels_preemption_and_urgent_admission_stays_exact() -> None:
     """Randomised: requests arrive, wait, get cancelled, preempted and admitted urgently in a pool that
-    is always short. Nothing fails, every request ends once, greedy ones equal their target-only
-    output, and every block comes back."""
+    is always short; most begin with one of a few prefixes, so the prefix cache shares, evicts and
+    copies blocks in both pools all along. Nothing fails, every request ends once, greedy ones equal
+    their target-only output, and every block comes back (the books balance)."""
     import random
 
     rng = random.Random(7)
-    llm = spec_engine(
+    prefixes = [[rng.randrange(20, 200) for _ in range(n)] for n in (9, 17, 30)] + [[]]
+    target, drafter = (
         tiny_engine(0, num_blocks=24, block_size=8),
         model_drafter(5, num_blocks=16, block_size=8),
+    )
+    llm = spec_engine(
+        target,
+        drafter,
         max_context=96,
         max_batch_size=6,
         max_prefill_tokens_per_step=24,
@@ -188,7 +194,7 @@ def test_churn_of_arrivals_cancels_preemption_and_urgent_admission_stays_exact()
     outputs: dict[int, list] = {}
     for step in range(400):
         if step < 300 and rng.random() < 0.3:
-            prompt = [rng.randrange(20, 200) for _ in range(rng.randint(2, 40))]
+            prompt = rng.choice(prefixes) + [rng.randrange(20, 200) for _ in range(rng.randint(2, 10))]
             sampled = rng.random() < 0.4
             request = GenerationRequest(
                 prompt_token_ids=prompt,
@@ -218,3 +224,6 @@ def test_churn_of_arrivals_cancels_preemption_and_urgent_admission_stays_exact()
             expected = reference_greedy(list(request.prompt_token_ids or []), request.max_tokens)
             assert tokens_of(outputs[rid]) == expected, rid
     assert_idle(llm)
+    assert llm.stats.cached_prompt_tokens > 500  # (adaptive k drafts little here: the draft pool idles)
+    target.blocks.check()
+    drafter.engine.blocks.check()

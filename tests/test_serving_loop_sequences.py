@@ -103,8 +103,13 @@ def test_log_probs_counts_and_perf_metrics_come_with_the_responses(served) -> No
         times = [final[n][0, 0] for n in ("arrival_time_ns", "first_scheduled_time_ns")]
         times += [final[n][0, 0] for n in ("first_token_time_ns", "last_token_time_ns")]
         assert times == sorted(times) and times[0] > before - 60 * 10**9
-        # 3 + 12 tokens in blocks of the target pool
-        assert final["kv_cache_alloc_total_blocks"][0, 0] == -(-15 // loop._block_size)
+        # the 3-token prompt's one block in the target's pool: too short to be cached, so missed
+        # and taken from the pool (TensorRT-LLM's kv_cache_metrics)
+        kv = {
+            n: final[f"kv_cache_{n}"][0, 0] for n in ("alloc_total_blocks", "missed_blocks", "reused_blocks")
+        }
+        assert kv == {"alloc_total_blocks": 1, "missed_blocks": 1, "reused_blocks": 0}
+        assert final["kv_cache_hit_rate"][0, 0] == 0 and final["cached_tokens"][0, 0] == 0
         assert all("arrival_time_ns" in t and "total_draft_tokens" in t for t, _ in sink.responses)
     assert len(whole.responses) == 1
 
@@ -193,3 +198,24 @@ def test_a_sampled_sequence_says_its_seed_on_its_first_response_only(served) -> 
     assert seeds[0] is not None and seeds[0].dtype == np.uint64 and seeds[0][0, 0] == 2**63 + 7
     assert len(seeds) > 1 and all(s is None for s in seeds[1:])
     assert all("sampling_seed" not in t for t, _ in greedy.responses)
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens_and_reused_blocks(served) -> None:
+    """The second request of one prompt takes its blocks from the prefix cache: the final response
+    says how many prompt tokens (``cached_tokens``), and with perf metrics TensorRT-LLM's per-request
+    block counts; the text is the first request's."""
+    loop = served[0]
+    prompt = "A conversation so far, long enough to fill a few blocks of the target's pool."
+    sinks = []
+    for _ in range(2):
+        sink = RecordingSink()
+        request = GenerationRequest(prompt=prompt, max_tokens=6)
+        loop.submit(ParsedRequest(request, True, False, 1, True), sink)
+        wait(sink)
+        sinks.append(sink)
+    cold, warm = (s.final for s in sinks)
+    assert sinks[0].text == sinks[1].text
+    assert cold["cached_tokens"][0, 0] == 0 and cold["kv_cache_reused_blocks"][0, 0] == 0
+    assert warm["cached_tokens"][0, 0] == len(prompt) - 1  # every prompt token but the last
+    reused, missed = warm["kv_cache_reused_blocks"][0, 0], warm["kv_cache_missed_blocks"][0, 0]
+    assert reused > 0 and missed == 0 and warm["kv_cache_hit_rate"][0, 0] == 1.0

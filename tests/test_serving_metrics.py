@@ -82,7 +82,7 @@ def test_counters_follow_the_totals_and_gauges_the_state() -> None:
     assert [value(planned, num_draft_tokens=str(k)) for k in (0, 4)] == [1, 2]
     assert value("specdec_requests_total", finish_reason="cancelled") == 1
     assert value("specdec_kv_blocks_used", pool="target") == 3
-    assert value("specdec_kv_blocks_free", pool="target") == 97
+    assert value("specdec_kv_blocks_free", pool="target") == 97  # nothing cached: the rest is empty
     assert value("specdec_running_sequences") == 2 and value("specdec_waiting_sequences") == 1
     (batch,) = _Family.made["specdec_verify_batch_size"]
     assert batch.observed == [1.0, 2.0]
@@ -108,3 +108,26 @@ def test_latencies_draft_positions_and_planned_k() -> None:
     drafted = [value("specdec_drafted_per_position_total", position=str(i)) for i in range(4)]
     assert drafted == [2, 2, 1, 1]
     assert value("specdec_planned_draft_tokens_total") == 8  # 4 + 4 + 0: mean k over 3 rounds 8/3
+
+
+def test_prefix_cache_counters_per_pool() -> None:
+    """Per pool: cached blocks as a gauge beside used and empty ones (the three add up to the pool);
+    tokens looked up and found, and evictions, as counters following the pool's totals; the prompt
+    tokens taken from the target's cache follow the engine's."""
+    _Family.made = {}
+    metrics = TritonMetrics(types.SimpleNamespace(MetricFamily=_Family), "specdec")  # type: ignore[arg-type]
+    engine = EngineStats()
+    first = {"target": KVUsage(100, 10, 16, 20, 300, 128, 0), "drafter": KVUsage(50, 5, 16, 8, 40, 16, 2)}
+    engine.prompt_tokens, engine.cached_prompt_tokens = 300, 128
+    metrics.record(RoundReport(0.05, 1, 0, first, engine, []))
+    later = {"target": KVUsage(100, 30, 16, 5, 500, 160, 3), "drafter": KVUsage(50, 5, 16, 8, 40, 16, 2)}
+    engine.prompt_tokens, engine.cached_prompt_tokens = 500, 160
+    metrics.record(RoundReport(0.05, 1, 0, later, engine, []))
+    used, free, cached = (value(f"specdec_kv_blocks_{s}", pool="target") for s in ("used", "free", "cached"))
+    assert (used, free, cached) == (30, 65, 5) and used + free + cached == 100
+    assert value("specdec_prefix_cache_queried_tokens_total", pool="target") == 500
+    assert value("specdec_prefix_cache_hit_tokens_total", pool="target") == 160
+    assert value("specdec_prefix_cache_evicted_blocks_total", pool="target") == 3
+    assert value("specdec_prefix_cache_hit_tokens_total", pool="drafter") == 16
+    assert value("specdec_prefix_cache_evicted_blocks_total", pool="drafter") == 2
+    assert value("specdec_prompt_tokens_total") == 500 and value("specdec_prompt_cached_tokens_total") == 160

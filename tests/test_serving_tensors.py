@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from bls_tensors import BLS_INPUTS, BLS_OUTPUTS, DEFAULTS, parse
+from bls_tensors import BLS_INPUTS, BLS_OUTPUTS, DEFAULTS, parse, tensors
 from trispec.errors import InvalidInputError
 from trispec.serving.tensors import (
     INPUTS,
@@ -17,9 +17,11 @@ from trispec.serving.tensors import (
     as_tensor_error,
     check_one_response,
     parse_batch,
+    parse_inputs,
     response_tensors,
 )
 from trispec.stats import AcceptanceStats
+from trispec.step import KVCacheMetrics
 
 
 def test_defaults_come_from_the_yaml_section() -> None:
@@ -65,9 +67,11 @@ def test_every_field_is_read() -> None:
         return_context_logits=np.array([[False]]),
         return_generation_logits=np.array([[False]]),
         decoder_text_input="",
+        cache_salt="tenant-7",
     )
     g = parsed.generation
     assert (g.max_tokens, g.num_draft_tokens, g.top_k, g.end_id, g.min_tokens) == (7, 3, 5, -1, 4)
+    assert g.cache_salt == "tenant-7"
     assert g.temperature == pytest.approx(0.7) and g.top_p == pytest.approx(0.9)
     assert g.repetition_penalty == pytest.approx(1.3)
     assert (g.presence_penalty, g.frequency_penalty) == (0.5, 0.25)
@@ -191,12 +195,13 @@ def test_response_tensors_follow_the_output_table() -> None:
         sequence_index=2,
         log_probs=[-0.5, -0.25],
         cum_log_prob=-1.5,
-        perf=PerfMetrics(10, 20, 30, 40, 3),
+        perf=PerfMetrics(10, 20, 30, 40, KVCacheMetrics(5, 3, 1, 3, 40)),
         num_input_tokens=6,
         num_output_tokens=2,
         seed=2**63 + 1,
         skipped_text_sha256="ab" * 32,
         model_fingerprint="0123456789abcdef",
+        cached_tokens=40,
     )
     declared = {s.name for s in OUTPUTS}
     never_sent = {s.name for s in OUTPUTS if s.status == "refused"}
@@ -209,7 +214,13 @@ def test_response_tensors_follow_the_output_table() -> None:
     assert final["cum_log_probs"][0, 0] == -1.5
     assert (final["batch_index"][0, 0], final["sequence_index"][0, 0]) == (1, 2)
     assert final["arrival_time_ns"].dtype == np.int64 and final["last_token_time_ns"][0, 0] == 40
-    assert final["kv_cache_alloc_total_blocks"][0, 0] == 3 and final["kv_cache_reused_blocks"][0, 0] == 0
+    # TensorRT-LLM's kv_cache_metrics: 5 blocks reused, 3 missed and taken (1 never used before)
+    kv = {
+        n: int(final[f"kv_cache_{n}"][0, 0]) for n in ("reused_blocks", "missed_blocks", "alloc_total_blocks")
+    }
+    assert kv == {"reused_blocks": 5, "missed_blocks": 3, "alloc_total_blocks": 3}
+    assert final["kv_cache_alloc_new_blocks"][0, 0] == 1 and final["cached_tokens"][0, 0] == 40
+    assert final["kv_cache_hit_rate"].dtype == np.float32 and final["kv_cache_hit_rate"][0, 0] == 5 / 8
     assert (final["num_input_tokens"][0, 0], final["num_output_tokens"][0, 0]) == (6, 2)
     assert final["sampling_seed"].dtype == np.uint64 and final["sampling_seed"][0, 0] == 2**63 + 1
     assert final["skipped_text_sha256"][0, 0] == b"ab" * 32
@@ -222,7 +233,7 @@ def test_response_tensors_follow_the_output_table() -> None:
     assert final["mean_num_draft_tokens"][0, 0] == pytest.approx(3.0)
     assert final["finish_reason"][0, 0] == b"length"
     # perf metrics on a response that is not the last: acceptance so far, not our final-only totals
-    midway = response_tensors("x", 1, None, stats, perf=PerfMetrics(1, 2, 3, 4, 1))
+    midway = response_tensors("x", 1, None, stats, perf=PerfMetrics(1, 2, 3, 4, None))
     assert "total_draft_tokens" in midway and "finish_reason" not in midway and "draft_tokens" not in midway
 
 
@@ -246,3 +257,13 @@ def test_docs_tensor_table_lists_every_tensor_with_its_status() -> None:
                 rows[name] = cells[2]
     expected = {s.name: s.status for s in (*INPUTS, *OUTPUTS)}
     assert rows == expected
+
+
+def test_a_cache_salt_is_read_and_required_where_the_server_says() -> None:
+    assert parse(text_input="x").generation.cache_salt is None
+    assert parse(text_input="x", cache_salt="").generation.cache_salt is None  # "": not sent
+    required = tensors(text_input="x")
+    with pytest.raises(InvalidInputError, match="cache_salt: is required by this server"):
+        parse_inputs(required.get, DEFAULTS, require_cache_salt=True)
+    salted = tensors(text_input="x", cache_salt="a")
+    assert parse_inputs(salted.get, DEFAULTS, require_cache_salt=True).generation.cache_salt == "a"

@@ -50,6 +50,10 @@ What it does, each from the source:
 * unset top_k / top_p are greedy whatever the temperature, the default seed is 0
   (``trtllm_standin_decoding.runtime_sampling``); acceptance as in
   ``trtllm_standin_decoding.verify_external_drafts``;
+* KV block reuse (``enable_block_reuse``): each request's context reuses the blocks earlier requests
+  left (same prefix, same ``cache_salt_id``) and reports them in ``request_perf_metrics`` when
+  ``OutputConfig.return_perf_metrics`` is set (``trtllm_standin_kv``, each behaviour from
+  kvCacheManager.cpp);
 * an empty external draft asserts when the config is built (TRT-LLM issue #2684: "Assertion failed:
   !mTokens.empty()"); ``cancel_request`` ends a request with FinishReason.CANCELLED; one process
   driving several GPUs needs orchestrator mode with a worker executable (tensorrtllm_backend README,
@@ -68,7 +72,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -77,10 +80,12 @@ from trispec.engine.base import ForwardInput
 from trtllm_standin_decoding import draw, runtime_sampling, target_probs, verify_external_drafts
 from trtllm_standin_engine import GiB, SimulatedGpu, _Engine, _model
 from trtllm_standin_guided import Matcher
+from trtllm_standin_kv import ReuseTree
 
 # the bindings' types, all of them: this module is ``tensorrt_llm.bindings.executor``
 from trtllm_standin_types import *  # noqa: F403
 from trtllm_standin_types import (
+    ActiveRequest,
     CommunicationMode,
     ExecutorConfig,
     FinishReason,
@@ -90,6 +95,7 @@ from trtllm_standin_types import (
     ModelType,
     ParallelConfig,
     Request,
+    RequestPerfMetrics,
     Response,
     Result,
 )
@@ -103,15 +109,6 @@ DEFAULT_GPU_MEM_FRACTION = 0.9  # executor.h kDefaultGpuMemFraction
 
 
 GPU = SimulatedGpu()
-
-
-@dataclass
-class _Active:
-    """A fetched request after ``validate()``'s edits."""
-
-    request: Request
-    max_new_tokens: int
-    drafts: list[int]
 
 
 class Executor:
@@ -142,11 +139,16 @@ class Executor:
         GPU.take(engine_file.stat().st_size if engine_file.exists() else 0, "engine weights")
         GPU.take(RUNTIME_BUFFER_BYTES, "runtime buffers")
         self.max_num_blocks = self._size_kv_cache(kv_config)
+        self.reuse = (
+            ReuseTree(self.max_num_blocks, self.engine.tokens_per_block)
+            if kv_config.enable_block_reuse
+            else None
+        )
         self.model = _model(path, self.engine.vocab_size)
         self.max_num_tokens = executor_config.max_num_tokens or self.engine.max_num_tokens
         self._ids = itertools.count(1)
         self._queued: list[tuple[int, Request]] = []
-        self._active: dict[int, _Active] = {}
+        self._active: dict[int, ActiveRequest] = {}
         self._ready: dict[int, list[Response]] = {}
         self._stats: list[IterationStats] = []
         self._iterations = 0
@@ -239,7 +241,7 @@ class Executor:
                 self._ready[rid] = [Response(rid, error_msg=str(exc), client_id=request.client_id)]
         self._queued = []
 
-    def _validate(self, request: Request) -> _Active:
+    def _validate(self, request: Request) -> ActiveRequest:
         engine, prompt_len = self.engine, len(request.input_token_ids)
         end_id = request.end_id
         if end_id is not None and not -1 <= end_id < engine.vocab_size:
@@ -273,7 +275,7 @@ class Executor:
                 "[TensorRT-LLM][ERROR] Assertion failed: To return generation logits, "
                 "gather_generation_logits must be enabled in ExecutorConfig"
             )
-        return _Active(request, max_new, drafts)
+        return ActiveRequest(request, max_new, drafts)
 
     def _schedule(self) -> list[int] | None:
         """The micro-batch scheduler's context check, then the KV capacity of each request."""
@@ -306,16 +308,24 @@ class Executor:
             self._ready[rid] = [Response(rid, error_msg=error, client_id=active.request.client_id)]
         self._active.clear()
 
-    def _respond(self, rid: int, active: _Active) -> Response:
+    def _respond(self, rid: int, active: ActiveRequest) -> Response:
         request = active.request
         if request.client_id in Executor.poisoned:
             return Response(rid, error_msg="[TensorRT-LLM][ERROR] simulated device fault")
+        perf = None
+        if self.reuse is not None:
+            held, kv = self.reuse.add_sequence(request.input_token_ids, request.cache_salt_id)
+            perf = RequestPerfMetrics(kv)
         new, reason, logits = self._generate(active)
+        if self.reuse is not None:
+            self.reuse.release(held, [*request.input_token_ids, *new], request.cache_salt_id)
+        if not request.output_config.return_perf_metrics:
+            perf = None
         out = new if request.output_config.exclude_input_from_output else [*request.input_token_ids, *new]
-        return Response(rid, Result(True, [out], [reason], logits), client_id=request.client_id)
+        return Response(rid, Result(True, [out], [reason], logits, perf), client_id=request.client_id)
 
     # -- decoding, with the model's real logits ------------------------------------------------
-    def _generate(self, active: _Active) -> tuple[list[int], FinishReason, Any]:
+    def _generate(self, active: ActiveRequest) -> tuple[list[int], FinishReason, Any]:
         request, engine = active.request, self.engine
         config = request.sampling_config
         sampling = runtime_sampling(config.top_k, config.top_p, config.temperature)

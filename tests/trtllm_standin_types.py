@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtllm_standin_guided import GuidedDecodingConfig, GuidedDecodingParams
+from trtllm_standin_kv import KvCacheMetrics
 
 
 class ModelType(enum.Enum):
@@ -122,7 +123,9 @@ class Request:
         external_draft_tokens_config: ExternalDraftTokensConfig | None = None,
         client_id: int | None = None,
         guided_decoding_params: GuidedDecodingParams | None = None,
+        cache_salt_id: int | None = None,
     ) -> None:
+        self.cache_salt_id = cache_salt_id
         self.guided_decoding_params = guided_decoding_params
         self.input_token_ids = list(input_token_ids)
         self.max_tokens = max_tokens
@@ -135,11 +138,17 @@ class Request:
 
 
 @dataclass
+class RequestPerfMetrics:
+    kv_cache_metrics: KvCacheMetrics = field(default_factory=KvCacheMetrics)
+
+
+@dataclass
 class Result:
     is_final: bool
     output_token_ids: list[list[int]]
     finish_reasons: list[FinishReason]
     generation_logits: Any = None
+    request_perf_metrics: RequestPerfMetrics | None = None
 
 
 @dataclass
@@ -166,3 +175,12 @@ class IterationStats:
     iter: int
     num_active_requests: int
     kv_cache_stats: KvCacheStats | None
+
+
+@dataclass
+class ActiveRequest:
+    """The stand-in's own record of a fetched request after ``validate()``'s edits (no binding)."""
+
+    request: Request
+    max_new_tokens: int
+    drafts: list[int]

@@ -25,6 +25,7 @@ from trispec_client.client import (
 from trispec_client.errors import InvalidRequestError, SpecDecError, SpecDecTimeoutError
 from trispec_client.results import Completion, StreamChunk, collect
 from trispec_client.resume import DEFAULT_RESUME_TIMEOUT_S
+from trispec_client.routing import DEFAULT_PREFIX_CHARS, DEFAULT_ROUTING, ROUTINGS
 
 PROG = "specdec-client"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -72,6 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     gen.add_argument(
+        "--cache-salt",
+        metavar="SALT",
+        help="share KV-cache blocks only with requests that send the same salt (a tenant's secret: "
+        "without it, how fast a prompt starts can tell what others sent)",
+    )
+    gen.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default=DEFAULT_ROUTING,
+        help="with several replicas: prefix (default) sends requests that begin alike (a conversation) "
+        "to the same replica, whose prefix cache holds them; round-robin takes them in turn",
+    )
+    gen.add_argument(
+        "--route-prefix-chars",
+        type=int,
+        default=DEFAULT_PREFIX_CHARS,
+        metavar="N",
+        help=f"prefix routing: how many leading characters place a request (default: {DEFAULT_PREFIX_CHARS})",
+    )
+    gen.add_argument(
         "--timeout",
         type=_seconds,
         default=DEFAULT_TIMEOUT_S,
@@ -113,6 +134,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def summary(completion: Completion) -> str:
     """The one-line stderr summary: tokens, finish reason, speculation totals."""
     head = f"{completion.token_count} tokens, {completion.finish_reason or 'unknown'}"
+    if completion.cached_tokens:
+        head += f", {completion.cached_tokens} prompt tokens cached"
     if completion.seed is not None:
         head += f", seed {completion.seed}"
     s = completion.stats
@@ -134,6 +157,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         "top_p": args.top_p,
         "seed": args.seed,
         "stop_words": args.stop,
+        "cache_salt": args.cache_salt,
     }
     client = SpecDecClient(
         args.url,
@@ -143,6 +167,8 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         retries=args.retries,
         resume=args.resume,
         resume_timeout_s=args.resume_timeout,
+        routing=args.routing,
+        route_prefix_chars=args.route_prefix_chars,
     )
     with client:
         if args.stream:

@@ -22,6 +22,7 @@ from trispec_client.resume import (
     refusal_of_resend,
     wait_until_ready,
 )
+from trispec_client.routing import DEFAULT_PREFIX_CHARS, DEFAULT_ROUTING, Routing
 
 Protocol = Literal["grpc", "http"]
 PROTOCOLS: tuple[Protocol, ...] = ("grpc", "http")
@@ -67,11 +68,13 @@ class SpecDecClient:
     Inputs left at ``None`` (or empty) are not sent, so the server's defaults apply.
     Thread-safe: every request opens its own gRPC stream / HTTP connection.
 
-    ``url`` may name several replicas of the model (a list, or one string with commas): new requests
-    take them in turn, a request that cannot reach one tries the others (then pauses, ``retries``
-    rounds), and a cut stream is resumed on whichever is ready, the others first. A replica that
-    serves another model (another ``model_fingerprint``) never continues a stream; if no ready
-    replica serves the model the stream began on, it ends in ``SpecDecResumeError``.
+    ``url`` may name several replicas of the model (a list, or one string with commas): a new request
+    goes to the replica its leading text (and cache salt) hashes to (``routing="prefix"``, so a
+    conversation's turns find their KV in that replica's prefix cache; ``trispec_client.routing``) or
+    to the next in turn (``"round-robin"``); one that cannot reach its replica tries the others (then
+    pauses, ``retries`` rounds), and a cut stream is resumed on whichever is ready, the others first.
+    A replica that serves another model (another ``model_fingerprint``) never continues a stream; if
+    no ready replica serves the model the stream began on, it ends in ``SpecDecResumeError``.
     """
 
     def __init__(
@@ -83,6 +86,8 @@ class SpecDecClient:
         retries: int = DEFAULT_RETRIES,
         resume: bool = True,
         resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
+        routing: Routing = DEFAULT_ROUTING,
+        route_prefix_chars: int = DEFAULT_PREFIX_CHARS,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
@@ -95,7 +100,9 @@ class SpecDecClient:
         # a response came from these servers before: a refused connection now means they are
         # restarting, not a wrong address, so a new request waits for them too
         self._reached = False
-        self.replicas = Replicas(split_urls(url, DEFAULT_URLS[protocol]), protocol, model)
+        self.replicas = Replicas(
+            split_urls(url, DEFAULT_URLS[protocol]), protocol, model, routing, route_prefix_chars
+        )
         self.urls = self.replicas.urls
         self.url = self.urls[0]
 
@@ -112,6 +119,7 @@ class SpecDecClient:
         end_id: int | None = None,
         stop_words: Iterable[str] = (),
         bad_words: Iterable[str] = (),
+        cache_salt: str | None = None,
         timeout_s: float | None = None,
     ) -> Generator[StreamChunk, None, None]:
         """Chunks of newly verified text as the server produces them; the last has ``final=True``.
@@ -131,6 +139,7 @@ class SpecDecClient:
             stop_words=tuple(stop_words),
             bad_words=tuple(bad_words),
             stream=True,
+            cache_salt=cache_salt,
         )
         return self._send(request, self._timeout(timeout_s))
 
@@ -148,6 +157,7 @@ class SpecDecClient:
         stop_words: Iterable[str] = (),
         bad_words: Iterable[str] = (),
         exclude_input_in_output: bool | None = None,
+        cache_salt: str | None = None,
         timeout_s: float | None = None,
     ) -> Completion:
         """One non-streamed request (``stream=false``): the server answers once with the whole text,
@@ -165,6 +175,7 @@ class SpecDecClient:
             bad_words=tuple(bad_words),
             stream=False,
             exclude_input_in_output=exclude_input_in_output,
+            cache_salt=cache_salt,
         )
         return collect(self._send(request, self._timeout(timeout_s)))
 
@@ -183,15 +194,11 @@ class SpecDecClient:
         return self.timeout_s if timeout_s is None else check_timeout(timeout_s)
 
     def _send(self, request: GenerationRequest, timeout_s: float) -> Generator[StreamChunk, None, None]:
-        start = self.replicas.next_start()
+        order = self.replicas.order(request)
         if self.resume:
-            return self._resuming(request, timeout_s, start)
+            return self._resuming(request, timeout_s, order)
         return _with_retries(
-            lambda left_s, replica: self._attempt(request, left_s, replica),
-            timeout_s,
-            self.retries,
-            len(self.replicas),
-            start,
+            lambda left_s, replica: self._attempt(request, left_s, replica), timeout_s, self.retries, order
         )
 
     def _attempt(
@@ -200,7 +207,7 @@ class SpecDecClient:
         return self.replicas.attempt(replica, request, timeout_s)
 
     def _resuming(
-        self, request: GenerationRequest, timeout_s: float, start: int = 0
+        self, request: GenerationRequest, timeout_s: float, order: Sequence[int] = (0,)
     ) -> Generator[StreamChunk, None, None]:
         """The request's chunks as one stream, resumed after every cut (see the class docstring)."""
         state = StreamResume(request)
@@ -208,7 +215,7 @@ class SpecDecClient:
         resuming_since: float | None = None  # when the stream being resumed was cut
         credited = 0.0  # when the deadline was last moved for the time spent resuming
         waits = pauses()
-        on = [start]  # the replica the current attempt went to
+        on = [order[0]]  # the replica the current attempt went to
         other_models: set[int] = set()  # replicas that refused to continue: they serve another model
         while True:
             now = time.monotonic()
@@ -222,8 +229,7 @@ class SpecDecClient:
                     lambda s, replica: self._attempt(request, s, replica),
                     timeout_s,
                     self.retries,
-                    len(self.replicas),
-                    on[0],
+                    order,
                     landed=on,
                 )
             else:  # the server first generates again what it skips: that may take a resume's time
@@ -283,18 +289,18 @@ def _with_retries(
     attempt: Callable[[float, int], Generator[StreamChunk, None, None]],
     timeout_s: float,
     retries: int,
-    replicas: int = 1,
-    start: int = 0,
+    order: Sequence[int] = (0,),
     landed: list[int] | None = None,
 ) -> Generator[StreamChunk, None, None]:
     """The chunks of the first attempt that gets as far as a chunk. ``attempt(seconds left, replica)``
-    that fails retryably before that (unreachable, refused for now) is made on the next replica at
-    once; once every replica failed, after a pause, for ``retries`` more rounds, within ``timeout_s``.
-    ``landed[0]`` is set to the replica that answered."""
+    that fails retryably before that (unreachable, refused for now) is made on the next replica of
+    ``order`` at once; once every replica failed, after a pause, for ``retries`` more rounds, within
+    ``timeout_s``. ``landed[0]`` is set to the replica that answered."""
     deadline = time.monotonic() + timeout_s
     tries = 0
+    replicas = len(order)
     while True:
-        replica = (start + tries) % replicas
+        replica = order[tries % replicas]
         chunks = attempt(timeout_s if tries == 0 else max(deadline - time.monotonic(), 1e-3), replica)
         try:
             first = next(chunks)

@@ -1,20 +1,20 @@
 """The servers one client sends to: several replicas of the same model behind their own addresses
 (or one address, such as a Kubernetes Service, in front of them all).
 
-New requests take the replicas in turn; a request that cannot reach one (connection refused, a
-restarting or overloaded server) tries the next before pausing; a stream cut on one is resumed on
-whichever is ready, the others first (``client.py`` and ``resume.py`` decide when).
+A new request goes where its leading text hashes to (or the replicas in turn: ``routing.py``); a
+request that cannot reach one (connection refused, a restarting or overloaded server) tries the next
+in its order before pausing; a stream cut on one is resumed on whichever is ready, the others first
+(``client.py`` and ``resume.py`` decide when).
 """
 
 from __future__ import annotations
 
-import itertools
-import threading
 from collections.abc import Generator, Sequence
 from typing import Any
 
 from trispec_client.request import GenerationRequest
 from trispec_client.results import StreamChunk
+from trispec_client.routing import DEFAULT_PREFIX_CHARS, DEFAULT_ROUTING, Router, Routing
 
 
 def split_urls(url: str | Sequence[str] | None, default: str) -> list[str]:
@@ -27,7 +27,14 @@ def split_urls(url: str | Sequence[str] | None, default: str) -> list[str]:
 class Replicas:
     """The client's servers, each with what a request to it needs (an HTTP pool; a gRPC address)."""
 
-    def __init__(self, urls: Sequence[str], protocol: str, model: str) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        protocol: str,
+        model: str,
+        routing: Routing = DEFAULT_ROUTING,
+        prefix_chars: int = DEFAULT_PREFIX_CHARS,
+    ) -> None:
         if not urls:
             raise ValueError("url: at least one server address is needed")
         self.protocol = protocol
@@ -45,16 +52,14 @@ class Replicas:
                 if "://" in address or "/" in address:
                     raise ValueError(f"url: gRPC expects host:port, got {url!r}")
                 self.urls.append(address)
-        self._turn = itertools.count()
-        self._lock = threading.Lock()
+        self.router = Router(self.urls, routing, prefix_chars)
 
     def __len__(self) -> int:
         return len(self.urls)
 
-    def next_start(self) -> int:
-        """Where a new request starts: the replicas in turn, so that requests spread over them."""
-        with self._lock:
-            return next(self._turn) % len(self.urls)
+    def order(self, request: GenerationRequest) -> list[int]:
+        """Where a new request goes first, then where it fails over to (``routing.py``)."""
+        return self.router.order(request.prompt, request.cache_salt)
 
     def resume_order(self, cut_on: int) -> list[int]:
         """Where to look for a ready replica after a cut on ``cut_on``: the others first, then it."""

@@ -75,6 +75,8 @@ class GenerationRequest:
     # regex or grammar (none for json)
     guided_decoding_guide_type: str | None = None
     guided_decoding_guide: str | None = None
+    # the prefix cache shares KV blocks only among requests with the same salt (a tenant's secret)
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -96,6 +98,8 @@ class GenerationRequest:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise InvalidRequestError(f"{name}: must be a string, got {type(value).__name__}")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise InvalidRequestError(f"cache_salt: must be a non-empty string, got {self.cache_salt!r}")
 
     def sent_values(self) -> dict[str, Any]:
         """The inputs to send, by Triton input name: plain Python values, lists for word lists."""
@@ -111,6 +115,8 @@ class GenerationRequest:
         for name in ("expected_model_fingerprint", "guided_decoding_guide_type", "guided_decoding_guide"):
             if getattr(self, name):
                 values[name] = getattr(self, name)
+        if self.cache_salt is not None:
+            values["cache_salt"] = self.cache_salt
         return values
 
     def json_body(self) -> dict[str, Any]:

@@ -50,6 +50,8 @@ class StreamChunk:
     # first response: what produces the text (servers from before it send none); a stream resumes
     # only on a replica with the same
     model_fingerprint: str | None = None
+    # final response: prompt tokens the server's prefix cache held (not computed again)
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class Completion:
     seed: int | None = None
     # the model fingerprint of the replica(s) that produced it
     model_fingerprint: str | None = None
+    # prompt tokens taken from the server's prefix cache (None: the server did not say)
+    cached_tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,6 +86,7 @@ def chunk_from_outputs(
     seed = _scalar(outputs.get("sampling_seed"))
     skipped = _scalar(outputs.get("skipped_text_sha256"))
     fingerprint = _scalar(outputs.get("model_fingerprint"))
+    cached = _scalar(outputs.get("cached_tokens"))
     stats = None
     if any(outputs.get(name) is not None for name in _STAT_FIELDS):
         # a partial set still yields stats; missing totals read as 0 rather than hiding the others
@@ -103,6 +108,7 @@ def chunk_from_outputs(
         seed=None if seed is None else int(seed),
         skipped_text_sha256=None if skipped is None else _text(skipped),
         model_fingerprint=None if fingerprint is None else _text(fingerprint),
+        cached_tokens=None if cached is None else int(cached),
     )
 
 
@@ -110,15 +116,18 @@ def collect(chunks: Iterable[StreamChunk]) -> Completion:
     """Join a stream's chunks into a completion (the final chunk's reason and stats)."""
     parts: list[str] = []
     last: StreamChunk | None = None
-    seed = fingerprint = None
+    seed = fingerprint = cached = None
     for chunk in chunks:
         parts.append(chunk.text)
         last = chunk
         seed = chunk.seed if seed is None else seed
         fingerprint = chunk.model_fingerprint if fingerprint is None else fingerprint
+        cached = chunk.cached_tokens if chunk.cached_tokens is not None else cached
     if last is None:
         return Completion(text="", token_count=0, finish_reason=None, stats=None)
-    return Completion("".join(parts), last.token_count, last.finish_reason, last.stats, seed, fingerprint)
+    return Completion(
+        "".join(parts), last.token_count, last.finish_reason, last.stats, seed, fingerprint, cached
+    )
 
 
 def _scalar(value: Any) -> Any:

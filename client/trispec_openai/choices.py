@@ -42,6 +42,8 @@ class Choice:
     prompt_tokens: int | None = None
     # the seed it samples with (the server's choice when the request had none); None: greedy
     seed: int | None = None
+    # prompt tokens the server's prefix cache held (from the final response)
+    cached_tokens: int | None = None
 
     def add(self, piece: Piece, tokenizer: ServedTokenizer) -> Delta:
         tokens = tokenizer.split(piece.text, len(piece.logprobs))
@@ -58,6 +60,7 @@ class Choice:
         self.finish_reason = piece.finish_reason or self.finish_reason
         self.stats = piece.stats or self.stats
         self.prompt_tokens = piece.prompt_tokens if piece.prompt_tokens is not None else self.prompt_tokens
+        self.cached_tokens = piece.cached_tokens if piece.cached_tokens is not None else self.cached_tokens
         new_seed = piece.seed if self.seed is None else None
         self.seed = self.seed if self.seed is not None else piece.seed
         return Delta(piece.text, tuple(tokens), piece.logprobs, tuple(offsets), new_seed)
@@ -65,11 +68,15 @@ class Choice:
 
 def usage(choices: list[Choice], prompts: list[str], tokenizer: ServedTokenizer) -> dict[str, Any]:
     """Prompt tokens count each prompt once (however many choices it has), as OpenAI does; the model's
-    own count is used where it sent one, else the same tokenizer counts here."""
-    prompt_tokens = 0
+    own count is used where it sent one, else the same tokenizer counts here. ``cached_tokens``: of a
+    prompt's tokens, the most any of its choices found in the prefix cache (sibling choices are sent
+    at the same time, so some may find fewer; OpenAI reports one figure per prompt)."""
+    prompt_tokens = cached_tokens = 0
     for prompt_index, prompt in enumerate(prompts):
-        counted = [c.prompt_tokens for c in choices if c.prompt_index == prompt_index and c.prompt_tokens]
+        mine = [c for c in choices if c.prompt_index == prompt_index]
+        counted = [c.prompt_tokens for c in mine if c.prompt_tokens]
         prompt_tokens += counted[0] if counted else tokenizer.count(prompt)
+        cached_tokens += max((c.cached_tokens or 0 for c in mine), default=0)
     completion_tokens = sum(c.token_count for c in choices)
     stats = [c.stats for c in choices if c.stats is not None]
     draft = sum(s.draft_tokens for s in stats)
@@ -80,6 +87,7 @@ def usage(choices: list[Choice], prompts: list[str], tokenizer: ServedTokenizer)
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
         "draft_tokens": draft,
         "accepted_tokens": accepted,
         "acceptance_rate": accepted / draft if draft else 0.0,

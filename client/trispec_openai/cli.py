@@ -14,6 +14,7 @@ import sys
 import uvicorn
 from trispec.errors import ConfigError
 from trispec_client.resume import DEFAULT_RESUME_TIMEOUT_S
+from trispec_client.routing import DEFAULT_PREFIX_CHARS, DEFAULT_ROUTING, ROUTINGS
 
 from trispec_openai.app import create_app
 from trispec_openai.tokens import ServedTokenizer
@@ -54,6 +55,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_RESUME_TIMEOUT_S,
         help="per resume: seconds to wait for the model to be ready again",
     )
+    parser.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default=DEFAULT_ROUTING,
+        help="with several replicas: prefix (default) sends generations that begin alike (a conversation) "
+        "to the same replica, whose prefix cache holds them; round-robin takes them in turn",
+    )
+    parser.add_argument(
+        "--route-prefix-chars",
+        type=int,
+        default=DEFAULT_PREFIX_CHARS,
+        help="prefix routing: how many leading characters place a generation "
+        f"(default: {DEFAULT_PREFIX_CHARS})",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser.parse_args(argv)
 
@@ -72,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         args.request_timeout,
         resume=args.resume,
         resume_timeout_s=args.resume_timeout,
+        routing=args.routing,
+        route_prefix_chars=args.route_prefix_chars,
     )
     served = args.served_model_name or args.model
     app = create_app(generator, tokenizer, served)

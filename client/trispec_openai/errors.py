@@ -25,6 +25,7 @@ _PARAM_OF_TENSOR = {
     "top_p": "top_p",
     "seed": "seed",
     "return_log_probs": "logprobs",
+    "cache_salt": "cache_salt",
 }
 _FIELD_PREFIX = re.compile(r"^\s*([a-z_]+):")
 _OVERLOADED = ("retry later", "shutting down")

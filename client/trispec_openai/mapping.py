@@ -66,6 +66,7 @@ def jobs(
                     stream=True,
                     guided_decoding_guide_type=structure.guide_type,
                     guided_decoding_guide=structure.guide,
+                    cache_salt=body.cache_salt,
                 )
             except InvalidRequestError as exc:  # a value the tensors cannot carry (an int over INT32)
                 raise invalid(exc.message, param_of(exc.message)) from None

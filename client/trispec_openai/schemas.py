@@ -4,7 +4,8 @@ Fields that would change the answer in a way we cannot honour (``echo``, ``suffi
 top-k alternatives of log-probs) are refused with the reason rather than ignored (``response_format``
 and ``tools`` are served: trispec_openai.structured);
 ``user``, ``metadata`` and ``store`` change nothing and are accepted. Unknown keys are refused, so that a
-misspelled field is not silently ignored. Our extensions: ``num_draft_tokens`` and ``top_k``.
+misspelled field is not silently ignored. Our extensions: ``num_draft_tokens`` and ``top_k``; and
+vLLM's ``cache_salt`` (KV-cache blocks are shared only among requests with the same salt).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class _Sampling(_Body):
     # extensions: draft tokens per round (0 = plain decoding; default: the server's), top-k sampling
     num_draft_tokens: int | None = Field(None, ge=0)
     top_k: int | None = Field(None, ge=0)
+    # vLLM's name: the prefix cache shares KV blocks only among requests with the same salt
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> _Sampling:

@@ -12,8 +12,10 @@ as ``trispec_client`` resumes one (``trispec_client.resume``): wait until the mo
 ``skip_output_tokens``, check that what the server skipped is what was already produced, carry on.
 The OpenAI client sees one uninterrupted answer; each resume counts in ``resumed_total``.
 
-Several Triton replicas (``urls``): new generations take them in turn, one that cannot reach its
-replica (connection refused, overloaded) tries the others at once, and a cut stream resumes on a
+Several Triton replicas (``urls``): a new generation goes to the replica its leading text and cache
+salt hash to (``trispec_client.routing``: a conversation's turns meet their KV in that replica's
+prefix cache), or to the next in turn with ``routing="round-robin"``; one that cannot reach its
+replica (connection refused, overloaded) tries the others at once in its order, and a cut stream resumes on a
 ready replica (the others first) serving the same model (``model_fingerprint``); one serving
 another model refuses it, and with none left the answer is an error, never a spliced text.
 """
@@ -21,7 +23,6 @@ another model refuses it, and with none left the answer is an error, never a spl
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from trispec_client.replicas import split_urls
 from trispec_client.request import GenerationRequest
 from trispec_client.results import SpeculationStats, chunk_from_outputs
 from trispec_client.resume import DEFAULT_RESUME_TIMEOUT_S, StreamResume, looks_cut, pauses
+from trispec_client.routing import DEFAULT_PREFIX_CHARS, DEFAULT_ROUTING, Router, Routing
 from tritonclient.grpc import KeepAliveOptions
 from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
 from tritonclient.utils import InferenceServerException
@@ -64,6 +66,8 @@ class Piece:
     skipped_text_sha256: str | None = None
     # first response: what produces the text (trispec.serving.fingerprint)
     model_fingerprint: str | None = None
+    # final response: prompt tokens the server's prefix cache held
+    cached_tokens: int | None = None
 
 
 class _Cut(Exception):
@@ -125,8 +129,11 @@ class TritonGenerator:
         timeout_s: float,
         resume: bool = True,
         resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
+        routing: Routing = DEFAULT_ROUTING,
+        route_prefix_chars: int = DEFAULT_PREFIX_CHARS,
     ) -> None:
         self.urls = split_urls(url, "localhost:8001")
+        self.router = Router(self.urls, routing, route_prefix_chars)
         self.url = self.urls[0]
         self.model = model
         self.timeout_s = timeout_s
@@ -138,7 +145,6 @@ class TritonGenerator:
         self._reached = False
         self._clients: list[aiogrpc.InferenceServerClient] = []
         self._inputs: frozenset[str] | None = None
-        self._turn = itertools.count()
         # the model fingerprint each replica's last first response named (None: none seen yet)
         self.fingerprints: list[str | None] = [None] * len(self.urls)
 
@@ -207,8 +213,9 @@ class TritonGenerator:
         state = StreamResume(request)
         resuming_since: float | None = None
         waits = pauses()
-        on = next(self._turn) % len(self.urls)  # the replica the current attempt goes to
-        untried = len(self.urls) - 1  # replicas a first contact that failed may still try
+        order = self.router.order(request.prompt, request.cache_salt)
+        on = order[0]  # the replica the current attempt goes to
+        untried = order[1:]  # replicas a first contact that failed may still try, in order
         other_models: set[int] = set()  # replicas that refused to continue: another model
         while True:
             attempt = self._attempt(state.request(), logprobs, request_id, extra, on)
@@ -237,13 +244,13 @@ class TritonGenerator:
                 if state.resumed and exc.status == 400:  # the server cannot resume it exactly
                     message = state.refused(_as_error(exc)).message
                     raise OpenAIError(502, message, code="resume_failed") from None
-                if exc.status == 503 and not state.started and untried > 0:  # overloaded: another
-                    on, untried = (on + 1) % len(self.urls), untried - 1
+                if exc.status == 503 and not state.started and untried:  # overloaded: another
+                    on, untried = untried[0], untried[1:]
                     continue
                 raise
             except _Cut as cut:
-                if not cut.started and not state.started and untried > 0:  # unreachable: another
-                    on, untried = (on + 1) % len(self.urls), untried - 1
+                if not cut.started and not state.started and untried:  # unreachable: another
+                    on, untried = untried[0], untried[1:]
                     continue
                 if not self.resume or not (cut.started or state.started or self._reached):
                     raise cut.error from None
@@ -307,6 +314,12 @@ class TritonGenerator:
         raises ``_Cut``."""
         inputs = infer_inputs(request) + [scalar_input(name, value) for name, value in extra]
         declared = await self.model_inputs()
+        if request.cache_salt is not None and "cache_salt" not in declared:
+            raise OpenAIError(
+                501,
+                "cache_salt: this server's model does not isolate its KV cache by salt",
+                param="cache_salt",
+            )
         if logprobs:
             if "return_log_probs" not in declared:
                 raise OpenAIError(
@@ -362,6 +375,7 @@ class TritonGenerator:
                     seed=chunk.seed,
                     skipped_text_sha256=chunk.skipped_text_sha256,
                     model_fingerprint=chunk.model_fingerprint,
+                    cached_tokens=chunk.cached_tokens,
                 )
                 if final:
                     return

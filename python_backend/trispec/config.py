@@ -148,6 +148,9 @@ class SchedulerConfig(_Strict):
     block_size: int = Field(16, ge=1)
     # per request and step, k in 0..num_draft_tokens by measured goodput (speculation.py)
     adaptive_speculation: bool = True
+    # keep full blocks of verified tokens in the target's and the draft model's KV pools for later
+    # requests with the same prefix (and cache salt): they compute only the rest (docs/prefix-caching.md)
+    prefix_caching: bool = True
     # serving only: requests waiting for a slot beyond these are refused at once (retryable);
     # null = unbounded (the offline CLI and the benchmark never refuse)
     max_waiting: int | None = Field(64, ge=0)
@@ -284,6 +287,9 @@ class ServingConfig(_Strict):
     # true: streaming (one response per round); false: one response per request, and unary
     # /v2/models/<name>/infer and gRPC ModelInfer work, but stream=true is refused
     decoupled: bool = True
+    # refuse requests without a cache_salt (multi-tenant serving: no request shares KV blocks with
+    # another tenant's unless both send the same salt)
+    require_cache_salt: bool = False
 
 
 class SpecDecConfig(_Strict):

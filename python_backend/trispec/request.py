@@ -12,6 +12,8 @@ from trispec.errors import InvalidInputError
 from trispec.guided.spec import Guide
 from trispec.sampling_params import SamplingParams
 
+MAX_CACHE_SALT_CHARS = 1024
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -42,6 +44,9 @@ class GenerationRequest:
     skip_output_tokens: int = 0
     # guided decoding: every output token follows this JSON schema, regex or grammar
     guide: Guide | None = None
+    # the prefix cache shares KV blocks only among requests with the same salt (None: the shared
+    # namespace of requests without one); a tenant's salt keeps others from timing its prompts
+    cache_salt: str | None = None
 
     @property
     def sampling(self) -> SamplingParams:
@@ -104,6 +109,12 @@ def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limi
     if not _is_int(request.skip_output_tokens) or request.skip_output_tokens < 0:
         raise InvalidInputError(
             "skip_output_tokens", f"must be an integer >= 0, got {request.skip_output_tokens!r}"
+        )
+    if request.cache_salt is not None and (
+        not isinstance(request.cache_salt, str) or not 0 < len(request.cache_salt) <= MAX_CACHE_SALT_CHARS
+    ):
+        raise InvalidInputError(
+            "cache_salt", f"must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters, if given"
         )
     k = request.num_draft_tokens
     if k is not None and (not _is_int(k) or not 0 <= k <= limits.max_num_draft_tokens):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from trispec.detokenize import StopTextTracker
 from trispec.sampling_params import SamplingParams
 from trispec.stats import AcceptanceStats
+from trispec.step import KVCacheMetrics
 
 
 class FinishReason(str, enum.Enum):
@@ -48,6 +49,11 @@ class Sequence:
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     # the text of the first this-many output tokens goes to RequestOutput.skipped_text (a resumed stream)
     skip_output_tokens: int = 0
+    # KV blocks are shared only among requests of the same salt ("": the shared namespace)
+    cache_salt: str = ""
+    # its prompt in the target's KV pool, as of its first verified token: blocks reused and taken,
+    # prompt tokens the prefix cache held (perf metrics, OpenAI's cached_tokens)
+    kv_metrics: KVCacheMetrics | None = None
 
     @property
     def token_ids(self) -> list[int]:

@@ -89,6 +89,10 @@ class EngineStats(AcceptanceStats):
     draft_failures: int = 0
     # sequences whose KV was freed because the pool ran out (recomputed later)
     preemptions: int = 0
+    # prompt tokens of requests that got their first token, and of them those the target's prefix
+    # cache held (not computed)
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
 
     def record_verify_batch(self, num_sequences: int) -> None:
         self.verify_batches += 1
@@ -104,6 +108,8 @@ class EngineStats(AcceptanceStats):
             prefill_tokens=self.prefill_tokens,
             draft_failures=self.draft_failures,
             preemptions=self.preemptions,
+            prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
             max_verify_batch=self.max_verify_batch,
             mean_verify_batch=round(self.verify_batch_sequences / self.verify_batches, 3)
             if self.verify_batches

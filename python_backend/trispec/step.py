@@ -89,13 +89,46 @@ class StepResult:
 
 
 @dataclass(frozen=True)
+class KVCacheMetrics:
+    """One request's prompt in the target's KV pool, as TensorRT-LLM reports a request's
+    ``RequestPerfMetrics.kv_cache_metrics``: its blocks found in the prefix cache (reused) and not
+    (missed), the blocks taken from the pool for it (alloc total: the missed ones) and of those the
+    ones that never held KV (alloc new; the rest evicted a cached block)."""
+
+    reused_blocks: int
+    missed_blocks: int
+    alloc_new_blocks: int
+    alloc_total_blocks: int
+    # prompt tokens taken from the cache (OpenAI's cached_tokens); always fewer than the prompt's
+    cached_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """reused / (reused + missed); 0 when nothing was reused (llmRequest.h
+        ``getKVCacheHitRatePerRequest``)."""
+        reused = self.reused_blocks
+        return reused / (reused + self.missed_blocks) if reused else 0.0
+
+
+@dataclass(frozen=True)
 class KVUsage:
-    """One KV pool's blocks (the target's, a draft model's)."""
+    """One KV pool's blocks (the target's, a draft model's): in use + cached + empty == total."""
 
     total_blocks: int
-    used_blocks: int
+    used_blocks: int  # held by running sequences
     block_size: int
+    # held by none but kept for reuse (the prefix cache); evicted when a block is needed
+    cached_blocks: int = 0
+    # prefix-cache totals since start: tokens sequences looked up, found cached; blocks evicted
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    evicted_blocks: int = 0
 
     @property
     def free_blocks(self) -> int:
+        """Blocks new tokens may take (empty or cached)."""
         return self.total_blocks - self.used_blocks
+
+    @property
+    def empty_blocks(self) -> int:
+        return self.total_blocks - self.used_blocks - self.cached_blocks

@@ -241,4 +241,5 @@ def _client(s: Any, urls: list[str], protocol: str, *, resume: bool) -> SpecDecC
         retries=0,
         resume=resume,
         resume_timeout_s=s.resume_timeout_s,
+        routing="round-robin",  # a new client's first request goes to the first replica: the one killed
     )

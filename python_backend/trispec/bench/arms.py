@@ -115,6 +115,10 @@ class DrafterPool:
             self._engines[base] = build_draft_engine(variant(self.config, base), self.target_checkpoint)
         return self._engines[base]
 
+    def engines(self) -> list[TorchEngine]:
+        """The draft engines built so far."""
+        return [e for e in self._engines.values() if e is not None]
+
     def fresh(self, name: str) -> Drafter:
         drafter = make_drafter(variant(self.config, name), self.engine(name), self.target)
         assert drafter is not None

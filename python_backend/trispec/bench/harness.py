@@ -96,9 +96,11 @@ class Bench:
     def run(
         self, arm: Arm, *, load: Workload, concurrency: int, max_tokens: int, on_finish: Callable[[], None]
     ) -> LoopResult:
-        """One timed closed-loop run of ``arm`` over the workload's prompts."""
+        """One timed closed-loop run of ``arm`` over the workload's prompts, from a cold prefix cache
+        (every arm runs the same prompts: a warm cache would favour the later arms)."""
         engine = self.engine(arm, load.name)
         self.clock.reset()
+        self.drop_prefix_caches()
         result = run_closed_loop(
             engine,
             load.prompts,
@@ -112,6 +114,11 @@ class Bench:
         )
         result.kernel_forwards = list(self.clock.forwards)
         return result
+
+    def drop_prefix_caches(self) -> None:
+        self.target.drop_prefix_cache()
+        for draft in self.drafters.engines():
+            draft.drop_prefix_cache()
 
     def _seeds_of(self, workload: str, count: int) -> list[int]:
         if workload not in self.seeds:

@@ -15,6 +15,8 @@ percentiles, acceptance overall and per draft position, the mean k chosen. Also,
 RSS of loading the pair against its weights (``--load-memory``, a child process under
 ``/usr/bin/time -v``), and Hugging Face assisted generation on the same pair and prompts
 (``--hf-reference``), and llama.cpp's llama-bench on the same GGUF files (``--anchor-llamacpp``).
+``--workloads multiturn`` runs conversations against the prefix cache instead, with llama-server on
+the same GGUF file (``--llama-server``): ``bench/multiturn.py``.
 Not a test: these machines are noisy; ratios measured in one run are what count.
 """
 
@@ -119,6 +121,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the memory rows (bytes a decode step reads, read bandwidth, figures against the floor)",
     )
+    multi = p.add_argument_group("--workloads multiturn (bench/multiturn.py)")
+    multi.add_argument("--turns", type=int, default=6, help="turns per conversation")
+    multi.add_argument("--users", type=int, default=4, help="interleaved conversations")
+    multi.add_argument("--system-tokens", type=int, default=300, help="a conversation's system prompt")
+    multi.add_argument("--repeat-tokens", type=int, default=2000, help="the prompt sent twice")
+    multi.add_argument(
+        "--llama-server",
+        type=Path,
+        metavar="PATH",
+        help="a llama-server binary (scripts/llamacpp_server.sh builds one): the same conversations there",
+    )
+    multi.add_argument("--llama-server-slots", type=int, default=1, help="its --parallel (default 1)")
+    multi.add_argument("--kv-cache-mb", type=float, help="the target's KV pool instead of the config's")
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write speedup.png and acceptance.png there")
     return p
@@ -140,8 +155,14 @@ def _checked_flags(args: argparse.Namespace) -> tuple[list[int], list[int], set[
     except InvalidInputError as exc:
         raise SystemExit(f"--{exc.field.replace('_', '-')}: {exc}") from None
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if names == ["multiturn"]:
+        if min(args.turns, args.users, args.system_tokens, args.repeat_tokens, args.llama_server_slots) < 1:
+            raise SystemExit("--turns, --users, --system-tokens, --repeat-tokens, --llama-server-slots: >= 1")
+        return concurrencies, ks, modes, names
     if not names or not set(names) <= set(workloads.WORKLOADS):
-        raise SystemExit(f"--workloads: comma-separated names from {', '.join(workloads.WORKLOADS)}")
+        raise SystemExit(
+            f"--workloads: comma-separated names from {', '.join(workloads.WORKLOADS)}, or multiturn alone"
+        )
     return concurrencies, ks, modes, names
 
 
@@ -231,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     concurrencies, ks, modes, names = _checked_flags(args)
     torch.set_num_threads(args.threads)
     config, drafters = _pair(args)
+    if names == ["multiturn"]:
+        from trispec.bench import multiturn
+
+        return multiturn.run(args, config)
     arms = make_arms(drafters, ks, adaptive="adaptive" in modes, fixed="fixed" in modes)
     reporter = Reporter(json_lines=args.json)
     reporter.header(config, args, drafters)

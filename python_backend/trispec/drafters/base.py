@@ -2,9 +2,10 @@
 
 A drafter proposes up to k tokens for many sequences at once. Model drafters keep their own KV
 cache of the verified tokens, filled lazily: a proposal first feeds whatever the cache lacks (the
-whole prompt the first time a sequence drafts), so a sequence that never drafts (k = 0 under
-adaptive speculation) costs the draft model nothing. After each verify the runner tells them how
-many tokens of the sequence are verified (``rollback``).
+whole prompt the first time a sequence drafts, less what the draft pool's prefix cache holds), so a
+sequence that never drafts (k = 0 under adaptive speculation) costs the draft model nothing. After
+each verify the runner tells them how many tokens of the sequence are verified (``rollback``) and
+which (``cache_verified``: their full blocks may then serve later requests).
 """
 
 from __future__ import annotations
@@ -59,14 +60,20 @@ class Drafter(Protocol):
         drafters without a cache)."""
         ...
 
-    def add_sequence(self, seq_id: int, max_length: int) -> None:
-        """Register a sequence; a model drafter takes KV blocks only as it drafts."""
+    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
+        """Register a sequence; a model drafter takes KV blocks only as it drafts (and shares cached
+        ones only with sequences of the same ``cache_salt``)."""
         ...
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]: ...
 
     def rollback(self, seq_id: int, num_verified: int) -> None:
         """The sequence's first ``num_verified`` tokens are verified; forget anything past them."""
+        ...
+
+    def cache_verified(self, seq_id: int, token_ids: Sequence[int]) -> None:
+        """The sequence's verified tokens so far (after ``rollback``): what the draft cache holds of
+        them may serve later sequences with the same prefix."""
         ...
 
     def free(self, seq_id: int) -> None: ...
@@ -83,10 +90,13 @@ class StatelessDrafter:
     def room_for(self, lengths: Mapping[int, int]) -> bool:
         return True
 
-    def add_sequence(self, seq_id: int, max_length: int) -> None:
+    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
         pass
 
     def rollback(self, seq_id: int, num_verified: int) -> None:
+        pass
+
+    def cache_verified(self, seq_id: int, token_ids: Sequence[int]) -> None:
         pass
 
     def free(self, seq_id: int) -> None:

@@ -10,6 +10,11 @@ sees them (a prompt riding along with the verify pass) it drafts nothing. Not fo
 output depends on their drafts (the rejection rule, seeded): what a copy brings depends on how the
 target's prefill was chunked, which depends on the batch, and their draws must not.
 
+Otherwise a lagging draft cache first takes what the draft pool's prefix cache holds of the sequence
+(full blocks of verified tokens the draft model computed for earlier requests with the same prefix
+and cache salt), and feeds only the rest. Blocks a self-draft copied from the target are never
+shared: their keys and values are the target's, not what the draft model computes.
+
 A sampled request's draft token is drawn as the target will draw its own: under the coupled rule the
 perturbed argmax of the draft's logits with the request's keyed noise at that output position
 (sampling/coupled.py), under the rejection rule a sample of its distribution q, which goes along."""
@@ -39,14 +44,27 @@ class ModelDrafter:
             raise ValueError("a draft engine takes another's keys and values only with the same KV geometry")
         self.engine = engine
         self.kv_source = kv_source
+        # sequences whose draft cache holds keys and values copied from the target (never shared)
+        self._imported: set[int] = set()
 
     def room_for(self, lengths: Mapping[int, int]) -> bool:
         return self.engine.room_for(lengths)
 
-    def add_sequence(self, seq_id: int, max_length: int) -> None:
+    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
         # a draft pool smaller than the target's caps how far a sequence can draft (``room_for``
         # then says no and the sequence decodes plain), never which sequences are served
-        self.engine.add_sequence(seq_id, min(max_length, self.engine.max_context))
+        self.engine.add_sequence(seq_id, min(max_length, self.engine.max_context), cache_salt)
+
+    def catch_up_from_caches(self, seq_id: int, token_ids: Sequence[int], own_kv: bool) -> None:
+        """Before feeding what the draft cache lacks: a self-draft takes the target's keys and values
+        (not for ``own_kv`` requests, whose output depends on their drafts); else the draft pool's
+        prefix cache gives the blocks it holds of the sequence."""
+        if self.kv_source is not None and not own_kv:
+            assert isinstance(self.engine, TorchEngine)
+            self.engine.import_kv(seq_id, self.kv_source, self.kv_source.cached_length(seq_id))
+            self._imported.add(seq_id)
+        elif seq_id not in self._imported:
+            self.engine.reuse_prefix(seq_id, token_ids)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         tokens: list[list[int]] = [[] for _ in requests]
@@ -54,6 +72,9 @@ class ModelDrafter:
         active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0]
         if self.kv_source is not None:
             active = self._import_target_kv(requests, active)
+        else:
+            for i in active:
+                self.catch_up_from_caches(requests[i].seq_id, requests[i].token_ids, own_kv=True)
         # Position 0 feeds everything the draft cache lacks (the last verified token, or two when the
         # previous round accepted all drafts; the prompt and more when the sequence did not draft
         # before), later positions feed the previous draft token.
@@ -122,11 +143,9 @@ class ModelDrafter:
         drafting = []
         for i in active:
             r = requests[i]
-            if r.sampling.output_depends_on_drafts:
-                drafting.append(i)
-                continue
-            self.engine.import_kv(r.seq_id, self.kv_source, self.kv_source.cached_length(r.seq_id))
-            if len(r.token_ids) - self.engine.cached_length(r.seq_id) <= MAX_OWN_FEED:
+            own_kv = r.sampling.output_depends_on_drafts
+            self.catch_up_from_caches(r.seq_id, r.token_ids, own_kv)
+            if own_kv or len(r.token_ids) - self.engine.cached_length(r.seq_id) <= MAX_OWN_FEED:
                 drafting.append(i)
         return drafting
 
@@ -134,7 +153,12 @@ class ModelDrafter:
         if self.engine.cached_length(seq_id) > num_verified:
             self.engine.truncate(seq_id, num_verified)
 
+    def cache_verified(self, seq_id: int, token_ids: Sequence[int]) -> None:
+        if seq_id not in self._imported:
+            self.engine.cache_verified(seq_id, token_ids)
+
     def free(self, seq_id: int) -> None:
+        self._imported.discard(seq_id)
         self.engine.free(seq_id)
 
     def kv_usage(self) -> KVUsage | None:

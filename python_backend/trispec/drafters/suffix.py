@@ -213,7 +213,7 @@ class SuffixDrafter(StatelessDrafter):
         self.num_examined = 0
 
     # -- the Drafter protocol --------------------------------------------------------------------
-    def add_sequence(self, seq_id: int, max_length: int) -> None:
+    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
         self._seqs[seq_id] = _SequenceState()
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:

@@ -26,9 +26,9 @@ class WithSuffix:
     def room_for(self, lengths: Mapping[int, int]) -> bool:
         return self.model.room_for(lengths)
 
-    def add_sequence(self, seq_id: int, max_length: int) -> None:
-        self.model.add_sequence(seq_id, max_length)
-        self.suffix.add_sequence(seq_id, max_length)
+    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
+        self.model.add_sequence(seq_id, max_length, cache_salt)
+        self.suffix.add_sequence(seq_id, max_length, cache_salt)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         proposals = self.suffix.propose(requests)
@@ -46,6 +46,9 @@ class WithSuffix:
 
     def rollback(self, seq_id: int, num_verified: int) -> None:
         self.model.rollback(seq_id, num_verified)
+
+    def cache_verified(self, seq_id: int, token_ids: Sequence[int]) -> None:
+        self.model.cache_verified(seq_id, token_ids)
 
     def free(self, seq_id: int) -> None:
         self.model.free(seq_id)

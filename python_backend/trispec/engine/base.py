@@ -4,6 +4,8 @@ An engine owns one model and its KV cache. A sequence's cache holds the keys/val
 it has been fed so far (``cached_length``); ``forward`` appends new tokens for many sequences in one
 batched, ragged call (each sequence its own number of new tokens and its own length) and returns
 logits for the last ``num_logits`` new tokens of each; ``truncate`` rolls a sequence back.
+Prefix cache: ``cache_verified`` says which tokens of a sequence are verified (their full blocks are
+kept for reuse), ``reuse_prefix`` gives a sequence the cached blocks that continue it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from trispec.step import KVUsage
+from trispec.step import KVCacheMetrics, KVUsage
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,29 @@ class Engine(Protocol):
         not registered yet counts from zero). KV blocks are taken as tokens arrive, not reserved."""
         ...
 
-    def add_sequence(self, seq_id: int, max_length: int) -> None:
-        """Register a sequence that may hold up to ``max_length`` tokens; it takes no KV block yet."""
+    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
+        """Register a sequence that may hold up to ``max_length`` tokens; it takes no KV block yet. It
+        shares cached blocks only with sequences of the same ``cache_salt``."""
+        ...
+
+    def probe_prefix(self, token_ids: Sequence[int], cache_salt: str = "") -> tuple[int, int]:
+        """For a sequence not registered yet: (tokens ``reuse_prefix`` would find cached, blocks of
+        them that would leave the free count), changing nothing."""
+        ...
+
+    def reuse_prefix(self, seq_id: int, token_ids: Sequence[int]) -> int:
+        """Extend the sequence (whose tokens are ``token_ids``) with cached blocks that continue it, at
+        most up to its last token; returns its cached length."""
+        ...
+
+    def cache_verified(self, seq_id: int, token_ids: Sequence[int]) -> None:
+        """The sequence's first ``len(token_ids)`` cached tokens are verified and are these: their full
+        blocks may be shared from now on."""
+        ...
+
+    def kv_cache_metrics(self, seq_id: int) -> KVCacheMetrics | None:
+        """What the sequence's context (its tokens at its first ``reuse_prefix``) found cached and
+        took from the pool; None before it looked."""
         ...
 
     def cached_length(self, seq_id: int) -> int: ...

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from trispec.engine.args import ModelArgs
-from trispec.engine.base import ForwardInput, KVUsage
+from trispec.engine.base import ForwardInput, KVCacheMetrics, KVUsage
 from trispec.engine.batch import SeqSpec
 from trispec.engine.build import build_transformer
 from trispec.engine.kv_cache import BlockManager, KVCache, slots_of
@@ -64,6 +64,8 @@ class TorchEngine:
         num_blocks: int | None = None,
         block_size: int = 16,
         max_context: int | None = None,
+        prefix_caching: bool = True,
+        namespace: str = "",
     ) -> None:
         args = model.args
         self.model = model
@@ -80,7 +82,9 @@ class TorchEngine:
         }
         if num_blocks is None:
             num_blocks = KVCache.num_blocks_for_budget(kv_cache_mb, **geometry)
-        self.blocks = BlockManager(num_blocks, block_size)
+        # what, besides the tokens, decides a block's KV in this pool (prefix_digest.py)
+        identity = f"{args}|{self.dtype}|{namespace}".encode()
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching, namespace=identity)
         # one block more than the manager hands out: the trash block, where padding rows of the
         # static (CUDA-graph) step write their keys and values and padded block tables point
         self.kv = KVCache(num_blocks=num_blocks + 1, device=model.embed.device, **geometry)
@@ -111,6 +115,7 @@ class TorchEngine:
         max_context: int | None = None,
         attention: str = "auto",
         device: str | torch.device = "cpu",
+        prefix_caching: bool = True,
     ) -> TorchEngine:
         """From a HF-named state dict (``model.embed_tokens.weight``, ``model.layers.0...``).
 
@@ -122,6 +127,8 @@ class TorchEngine:
         ``attention``: "auto" (the batch-invariant kernel where it runs, else SDPA), "paged", "sdpa".
         ``device``: "cpu" or a CUDA device; weights, KV pool and activations live there, logits come
         back to the host (sampling and acceptance run there).
+        ``prefix_caching``: keep full blocks of verified tokens for later sequences with the same
+        prefix (``block_manager.py``).
         """
         dt = resolve_dtype(dtype, weight_quant)
         dev = resolve_device(device)
@@ -141,6 +148,8 @@ class TorchEngine:
             num_blocks=num_blocks,
             block_size=block_size,
             max_context=max_context,
+            prefix_caching=prefix_caching,
+            namespace=f"{weight_quant}|{attention}",
         )
 
     @classmethod
@@ -181,10 +190,41 @@ class TorchEngine:
     def room_for(self, lengths: Mapping[int, int]) -> bool:
         return all(n <= self._max_context for n in lengths.values()) and self.blocks.room_for(lengths)
 
-    def add_sequence(self, seq_id: int, max_length: int) -> None:
+    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
         if not 1 <= max_length <= self._max_context:
             raise InvalidInputError("max_length", f"{max_length} must be in [1, {self._max_context}]")
-        self.blocks.add(seq_id, max_length)
+        self.blocks.add(seq_id, max_length, cache_salt)
+
+    def probe_prefix(self, token_ids: Sequence[int], cache_salt: str = "") -> tuple[int, int]:
+        blocks, claimed = self.blocks.probe(token_ids, cache_salt)
+        return blocks * self.block_size, claimed
+
+    @torch.inference_mode()
+    def reuse_prefix(self, seq_id: int, token_ids: Sequence[int]) -> int:
+        match = self.blocks.match(seq_id, token_ids)
+        if match.copy_tokens:  # a partial hit: the first keys and values of a cached block
+            bs = self.block_size
+            src = torch.arange(match.copy_from * bs, match.copy_from * bs + match.copy_tokens)
+            dst = torch.arange(match.copy_to * bs, match.copy_to * bs + match.copy_tokens)
+            src, dst = src.to(self.kv.k.device), dst.to(self.kv.k.device)
+            for cache in (self.kv.k, self.kv.v):
+                cache.index_copy_(2, dst, cache.index_select(2, src))
+        return match.length
+
+    def cache_verified(self, seq_id: int, token_ids: Sequence[int]) -> None:
+        self.blocks.seal(seq_id, token_ids)
+
+    def drop_prefix_cache(self) -> None:
+        """Forget the cached blocks no sequence holds (benchmarks: every arm starts cold)."""
+        self.blocks.drop_cached()
+
+    def kv_cache_metrics(self, seq_id: int) -> KVCacheMetrics | None:
+        context = self.blocks.context_blocks(seq_id)
+        if context is None:
+            return None
+        return KVCacheMetrics(
+            context.reused, context.missed, context.new, context.taken, context.reused_tokens
+        )
 
     def cached_length(self, seq_id: int) -> int:
         return self.blocks.length(seq_id)
@@ -264,8 +304,13 @@ class TorchEngine:
         self.blocks.free(seq_id)
 
     def kv_usage(self) -> KVUsage:
+        counters = self.blocks.counters
         return KVUsage(
             total_blocks=self.blocks.num_blocks,
             used_blocks=self.blocks.used_blocks,
             block_size=self.blocks.block_size,
+            cached_blocks=self.blocks.cached_blocks,
+            queried_tokens=counters.queried_tokens,
+            hit_tokens=counters.hit_tokens,
+            evicted_blocks=counters.evicted_blocks,
         )

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from trispec.sampling_params import SamplingParams
-from trispec.step import KVUsage, SeqStep, StepPlan, StepResult
+from trispec.step import KVCacheMetrics, KVUsage, SeqStep, StepPlan, StepResult
 
 
 class SpecRunner(Protocol):
@@ -56,14 +56,26 @@ class SpecRunner(Protocol):
         """False when there is no drafter (then every step is plain decoding)."""
         ...
 
-    def can_admit(self, num_tokens: int) -> bool:
-        """Whether a new sequence's first ``num_tokens`` tokens fit in the target's free KV now, with
-        room left for the running sequences to grow by a block each (fewer preemptions)."""
+    def can_admit(self, token_ids: Sequence[int], num_draft_tokens: int = 0, cache_salt: str = "") -> bool:
+        """Whether a new sequence's first step (``token_ids`` and its drafts) fits in the target's free
+        KV now, less what its prefix cache holds of them, with room left for the running sequences to
+        grow by a block each (fewer preemptions)."""
         ...
 
-    def add(self, seq_id: int, max_length: int, sampling: SamplingParams, drafts: bool) -> None:
-        """Admit a sequence that may reach ``max_length`` tokens, with its random state (seeded from
-        ``sampling``; a preempted sequence re-admitted keeps the state it had)."""
+    def add(
+        self,
+        seq_id: int,
+        max_length: int,
+        sampling: SamplingParams,
+        drafts: bool,
+        token_ids: Sequence[int] = (),
+        cache_salt: str = "",
+    ) -> int:
+        """Admit a sequence of ``token_ids`` (its verified tokens) that may reach ``max_length``
+        tokens, with its random state (seeded from ``sampling``; a preempted sequence re-admitted
+        keeps the state it had). Returns how many of its tokens the target's cache already holds
+        (its prefix cache, blocks shared with sequences of the same ``cache_salt``): the scheduler
+        feeds only the rest, always at least the last."""
         ...
 
     def room_for(self, steps: Sequence[SeqStep]) -> bool:
@@ -92,4 +104,9 @@ class SpecRunner(Protocol):
 
     def kv_usage(self) -> dict[str, KVUsage]:
         """KV pools by name: ``target`` and, with a draft model, ``drafter``."""
+        ...
+
+    def kv_cache_metrics(self, seq_id: int) -> KVCacheMetrics | None:
+        """The sequence's prompt in the target's KV pool (reused, missed and allocated blocks), as
+        TensorRT-LLM reports it per request; None when not known (yet)."""
         ...

@@ -136,14 +136,14 @@ def _model_feeds(
 ) -> bool | None:
     """Check each replayed sequence's draft cache (a self-draft first takes the target's keys and
     values); one more than 2 tokens behind gets its catch-up. None: the round is not for the graphs."""
-    engine, source = drafter.engine, drafter.kv_source
+    engine = drafter.engine
     for s, replayed in zip(steps, model):
         if not replayed:
             continue
         if s.seq_id not in engine.blocks:  # type: ignore[attr-defined]
             return None
-        if source is not None:
-            engine.import_kv(s.seq_id, source, source.cached_length(s.seq_id))  # type: ignore[attr-defined]
+        # a self-draft takes the target's keys and values; else the draft pool's prefix cache
+        drafter.catch_up_from_caches(s.seq_id, s.token_ids, own_kv=False)
         feed = s.token_ids[engine.cached_length(s.seq_id) :]
         if not feed or max(feed) >= engine.vocab_size:  # the eager forward refuses such a token
             return None

@@ -35,6 +35,7 @@ def build_engine(
         device=model.device,
         block_size=sched.block_size,
         max_context=sched.max_context,
+        prefix_caching=sched.prefix_caching,
         **kw,
     )
 

@@ -4,10 +4,11 @@ Per step, for every sequence of the plan at once: the drafter proposes k tokens 
 (batched per draft position; a draft model's cache first takes in what it lacks); ONE batched target
 forward scores every sequence's fed tokens and drafts and appends the prompt chunks; the accept rule
 keeps each sequence's longest verified prefix plus one target token; both caches are cut back to
-exactly what is verified. If the drafter raises, that step runs as plain decoding (outputs stay the
-target's) and is counted; after MAX_DRAFT_FAILURES_IN_A_ROW such steps drafting is off for the
-process. If the batched target round raises, it is undone in both caches and rerun one sequence at a
-time: only a sequence that fails on its own fails.
+exactly what is verified, and the verified tokens' full blocks enter both pools' prefix caches. If
+the drafter raises, that step runs as plain decoding (outputs stay the target's) and is counted;
+after MAX_DRAFT_FAILURES_IN_A_ROW such steps drafting is off for the process. If the batched target
+round raises, it is undone in both caches and rerun one sequence at a time: only a sequence that
+fails on its own fails.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from trispec.runners.torch_graph_side import GraphSide
 from trispec.runners.torch_guided import GuidedSide
 from trispec.sampling import make_generator
 from trispec.sampling_params import SamplingParams
-from trispec.step import GRAMMAR_COMPLETE, KVUsage, SeqResult, SeqStep, StepPlan, StepResult
+from trispec.step import GRAMMAR_COMPLETE, KVCacheMetrics, KVUsage, SeqResult, SeqStep, StepPlan, StepResult
 from trispec.verifier import verify_round
 
 if TYPE_CHECKING:
@@ -106,22 +107,35 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
     def can_draft(self) -> bool:
         return not isinstance(self.drafter, NoDrafter)
 
-    def can_admit(self, num_tokens: int) -> bool:
+    def can_admit(self, token_ids: Sequence[int], num_draft_tokens: int = 0, cache_salt: str = "") -> bool:
         usage = self.target.kv_usage()
-        need = blocks_for(num_tokens, usage.block_size) + len(self._admitted)
-        return num_tokens <= self.target.max_context and need <= usage.free_blocks
+        num_tokens = len(token_ids) + num_draft_tokens
+        # blocks found cached are not taken again, but those no sequence holds leave the free count
+        hit, claimed = self.target.probe_prefix(token_ids, cache_salt)
+        need = blocks_for(num_tokens, usage.block_size) - hit // usage.block_size + claimed
+        return num_tokens <= self.target.max_context and need + len(self._admitted) <= usage.free_blocks
 
-    def add(self, seq_id: int, max_length: int, sampling: SamplingParams, drafts: bool) -> None:
-        self.target.add_sequence(seq_id, max_length)
+    def add(
+        self,
+        seq_id: int,
+        max_length: int,
+        sampling: SamplingParams,
+        drafts: bool,
+        token_ids: Sequence[int] = (),
+        cache_salt: str = "",
+    ) -> int:
+        self.target.add_sequence(seq_id, max_length, cache_salt)
         self._admitted.add(seq_id)
+        cached = self.target.reuse_prefix(seq_id, token_ids) if token_ids else 0
         if drafts:
-            self.drafter.add_sequence(seq_id, max_length)
+            self.drafter.add_sequence(seq_id, max_length, cache_salt)
             self._drafting.add(seq_id)
         # the rejection rule's random state: the request's own, so its draws never depend on what it
         # is batched with, nor on whether it was preempted and recomputed (the coupled rule draws
         # nothing: its noise is keyed by seed and position)
         if seq_id not in self._generators:
             self._generators[seq_id] = make_generator(sampling) if sampling.samples_by_rejection else None
+        return cached
 
     def room_for(self, steps: Sequence[SeqStep]) -> bool:
         lengths = {s.seq_id: s.feed_to + s.num_draft_tokens for s in steps}
@@ -149,6 +163,9 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
     def cached_length(self, seq_id: int) -> int:
         return self.target.cached_length(seq_id)
 
+    def kv_cache_metrics(self, seq_id: int) -> KVCacheMetrics | None:
+        return self.target.kv_cache_metrics(seq_id) if seq_id in self._admitted else None
+
     def kv_usage(self) -> dict[str, KVUsage]:
         pools = {"target": self.target.kv_usage()}
         draft = self.drafter.kv_usage()
@@ -161,9 +178,25 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         if not plan.steps:
             return StepResult()
         try:
-            return self._round(plan.steps)
+            result = self._round(plan.steps)
         except Exception as exc:
-            return self._isolate(plan.steps, exc)
+            result = self._isolate(plan.steps, exc)
+        self._cache_verified(plan.steps, result)
+        return result
+
+    def _cache_verified(self, steps: Sequence[SeqStep], result: StepResult) -> None:
+        """Each sequence's caches now hold only verified tokens: their full blocks may be shared."""
+        for s in steps:
+            r = result.results.get(s.seq_id)
+            if r is None or r.error is not None:
+                continue
+            verified = [*s.token_ids, *r.new_token_ids][: r.num_computed]
+            self.target.cache_verified(s.seq_id, verified)
+            if s.seq_id in self._drafting and not self.drafting_off:
+                try:
+                    self.drafter.cache_verified(s.seq_id, verified)
+                except Exception as exc:
+                    self._drafting_off(f"the drafter could not index sequence {s.seq_id} ({exc!r})")
 
     def _round(self, steps: Sequence[SeqStep]) -> StepResult:
         chunks = [s for s in steps if s.is_prompt_chunk]

@@ -52,16 +52,22 @@ class TrtllmDrafting:
         return self.draft_logits and not step.sampling.greedy
 
     def propose(
-        self, steps: Sequence[SeqStep], wanted: Mapping[int, int], seeds: Mapping[int, int], timeout_s: float
+        self,
+        steps: Sequence[SeqStep],
+        wanted: Mapping[int, int],
+        seeds: Mapping[int, int],
+        timeout_s: float,
+        salt_ids: Mapping[int, int | None] | None = None,
     ) -> tuple[dict[int, Draft], dict[int, str]]:
         """Up to ``wanted[seq_id]`` drafts for each step that wants any; the errors of sequences whose
-        draft failed (they fail alone)."""
+        draft failed (they fail alone). ``salt_ids``: each sequence's cache salt id (the executor reuses
+        KV blocks only among requests with the same)."""
         drafting = [s for s in steps if wanted[s.seq_id] > 0]
         if self.drafter is not None:
             return self._model_free(drafting, wanted), {}
         if self.draft is None or not drafting:
             return {}, {}
-        return self._from_engine(self.draft, drafting, wanted, seeds, timeout_s)
+        return self._from_engine(self.draft, drafting, wanted, seeds, timeout_s, salt_ids or {})
 
     def _model_free(self, steps: Sequence[SeqStep], wanted: Mapping[int, int]) -> dict[int, Draft]:
         assert self.drafter is not None
@@ -79,6 +85,7 @@ class TrtllmDrafting:
         wanted: Mapping[int, int],
         seeds: Mapping[int, int],
         timeout_s: float,
+        salt_ids: Mapping[int, int | None],
     ) -> tuple[dict[int, Draft], dict[int, str]]:
         drafts: dict[int, Draft] = {}
         failed: dict[int, str] = {}
@@ -94,6 +101,7 @@ class TrtllmDrafting:
                     pad_id=self.pad_id,
                     client_id=s.seq_id,
                     return_logits=self.sends_logits(s),
+                    cache_salt_id=salt_ids.get(s.seq_id),
                 )
             except Exception as exc:
                 failed[s.seq_id] = f"draft request refused: {exc}"

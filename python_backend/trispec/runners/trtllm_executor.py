@@ -14,13 +14,17 @@ free_gpu_memory_fraction)``, ``ParallelConfig`` (``CommunicationMode.ORCHESTRATO
 ``SamplingConfig``, ``OutputConfig``, ``ExternalDraftTokensConfig``, ``enqueue_request``,
 ``await_responses(ids, timeout)``, ``cancel_request``, ``get_latest_iteration_stats()``,
 ``Response.has_error() / error_msg / result``, ``Result.output_token_ids / finish_reasons / is_final /
-generation_logits``.
+generation_logits / request_perf_metrics.kv_cache_metrics`` (``OutputConfig(return_perf_metrics)``),
+``Request(cache_salt_id)`` (pybind/executor/request.cpp; blocks are reused only among requests with
+the same salt id, mixed into the root of the reuse tree).
 
 What the runtime does that shapes this module (read from TensorRT-LLM's source; docs/tensorrt-llm.md):
 the end token is never in ``output_token_ids``, only ``finish_reasons[0] == END_ID`` says it came
 (externalDraftTokensKernels.cu: "Do not increase seq len when EOS is generated"), so a completion
 carries ``ended``; KV block reuse is required for a draft-tokens target and is what makes re-sending
-the whole sequence every round cheap; the KV cache is sized inside ``Executor(...)`` as
+the whole sequence every round cheap (each request reports its reused, missed and allocated blocks in
+``kv_cache_metrics`` when asked: kvCacheManager.cpp ``loadOrAllocateBlocks``); the KV cache is sized
+inside ``Executor(...)`` as
 ``min(max_tokens, fraction x free memory then)``, and its real size is only visible in the iteration
 stats, read back after a warm-up request.
 """
@@ -37,6 +41,7 @@ from typing import Any
 from trispec.guided.spec import Guide
 from trispec.runners.trtllm_sampling import sampling_config_kwargs
 from trispec.sampling_params import SamplingParams
+from trispec.step import KVCacheMetrics
 
 SUPPORTED = "tensorrt_llm 1.2.x (engines and the executor bindings; newer releases run no engines)"
 # where NVIDIA's Triton TensorRT-LLM images put the worker; the wheel ships its own under bin/
@@ -91,6 +96,8 @@ class Completion:
     logits: Any = None
     error: str | None = None
     ended: bool = False
+    # the executor's kv_cache_metrics of the request (asked for with ``perf_metrics``)
+    kv: KVCacheMetrics | None = None
 
 
 @dataclass(frozen=True)
@@ -173,32 +180,47 @@ class TrtllmExecutor:
         draft_logits: Any = None,
         return_logits: bool = False,
         guide: Guide | None = None,
+        perf_metrics: bool = False,
+        cache_salt_id: int | None = None,
     ) -> int:
         """Enqueue one request (raises if the bindings refuse it). ``end_id`` -1: no end token.
         ``draft_tokens`` must not be empty: TensorRT-LLM asserts on an empty external draft
-        (TRT-LLM #2684), send none instead."""
+        (TRT-LLM #2684), send none instead. ``perf_metrics``: the result carries the request's
+        KV-block figures. ``cache_salt_id``: its blocks are reused only among requests with the same."""
         trtllm = self._trtllm
         if draft_tokens is not None and not draft_tokens:
             raise ValueError("an external draft must hold at least one token")
         sampling_config = trtllm.SamplingConfig(beam_width=1, **sampling_config_kwargs(sampling, seed))
         output_config = trtllm.OutputConfig(
-            exclude_input_from_output=True, return_generation_logits=return_logits
+            exclude_input_from_output=True,
+            return_generation_logits=return_logits,
+            return_perf_metrics=perf_metrics,
         )
         external = None
         if draft_tokens:
             external = trtllm.ExternalDraftTokensConfig(draft_tokens, logits=draft_logits)
-        request = trtllm.Request(
-            tokens,
-            max_new_tokens,
-            streaming=False,
-            sampling_config=sampling_config,
-            output_config=output_config,
-            end_id=end_id,
-            pad_id=pad_id,
-            external_draft_tokens_config=external,
-            client_id=client_id,
-            guided_decoding_params=None if guide is None else self._guided_params(guide),
-        )
+        salted = {} if cache_salt_id is None else {"cache_salt_id": cache_salt_id}
+        try:
+            request = trtllm.Request(
+                tokens,
+                max_new_tokens,
+                streaming=False,
+                sampling_config=sampling_config,
+                output_config=output_config,
+                end_id=end_id,
+                pad_id=pad_id,
+                external_draft_tokens_config=external,
+                client_id=client_id,
+                guided_decoding_params=None if guide is None else self._guided_params(guide),
+                **salted,
+            )
+        except TypeError as exc:
+            if not salted:
+                raise
+            raise ValueError(
+                f"cache_salt: this TensorRT-LLM's executor takes no cache_salt_id ({exc}); a salted "
+                "request cannot be kept apart here"
+            ) from None
         return int(self.executor.enqueue_request(request))
 
     def _guided_params(self, guide: Guide) -> Any:
@@ -246,7 +268,7 @@ class TrtllmExecutor:
         if logits is not None and getattr(logits, "numel", lambda: 1)() == 0:
             logits = None
         ended = reason == self._trtllm.FinishReason.END_ID
-        return Completion(list(result.output_token_ids[0]), logits, ended=ended)
+        return Completion(list(result.output_token_ids[0]), logits, ended=ended, kv=_kv_metrics(result))
 
     def kv_capacity_tokens(self) -> int | None:
         """The KV cache the executor really holds, in tokens, from its latest iteration stats (None
@@ -263,3 +285,17 @@ class TrtllmExecutor:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+def _kv_metrics(result: Any) -> KVCacheMetrics | None:
+    """The request's ``request_perf_metrics.kv_cache_metrics`` (None when not asked for)."""
+    perf = getattr(result, "request_perf_metrics", None)
+    kv = getattr(perf, "kv_cache_metrics", None)
+    if kv is None:
+        return None
+    return KVCacheMetrics(
+        reused_blocks=int(kv.num_reused_blocks),
+        missed_blocks=int(kv.num_missed_blocks),
+        alloc_new_blocks=int(kv.num_new_allocated_blocks),
+        alloc_total_blocks=int(kv.num_total_allocated_blocks),
+    )

@@ -13,25 +13,29 @@ sequence, these draft tokens". Per step, for every running sequence at once:
 Sampled requests send the draft's distribution as logits (``trtllm_sampling``), so TensorRT-LLM's
 p/q check is the lossless rule; drafts are cut here to what ``LlmRequest::validate`` would keep, so
 acceptance statistics count what was really verified. Both executors reuse KV blocks across rounds
-(``enable_block_reuse``), so re-sending the sequence costs only its new tokens. An executor error
+(``enable_block_reuse``), so re-sending the sequence costs only its new tokens, and a new request
+reuses what earlier ones left (its prefix cache; a cache salt goes along as ``cache_salt_id``). A
+sequence's first target request asks for the executor's perf metrics, whose ``kv_cache_metrics`` are
+what it reports as its reused blocks and hit rate. An executor error
 fails only its sequence; a sequence whose result does not come back in time is cancelled
 (``cancel_request``) and fails alone. Start-up (engines, KV budget, executors) is ``trtllm_setup``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trispec.drafters.base import Drafter
 from trispec.runners.trtllm_drafting import NO_END_ID, Draft, TrtllmDrafting
 from trispec.runners.trtllm_engines import EngineInfo, context_limit, draft_room, refusal
 from trispec.runners.trtllm_executor import Completion, TrtllmExecutor
 from trispec.sampling_params import SamplingParams
-from trispec.step import KVUsage, SeqResult, SeqStep, StepPlan, StepResult
+from trispec.step import KVCacheMetrics, KVUsage, SeqResult, SeqStep, StepPlan, StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +52,16 @@ class _Seq:
     num_computed: int = 0
     rounds: int = 0
     base_seed: int = field(default_factory=lambda: secrets.randbits(63))
+    salt_id: int | None = None
+    # the executor's kv_cache_metrics of its first target request (its prompt)
+    kv: KVCacheMetrics | None = None
+
+
+def cache_salt_id(cache_salt: str) -> int | None:
+    """A salt as TensorRT-LLM's ``Request.cache_salt_id``: a 64-bit id of its text (None: no salt)."""
+    if not cache_salt:
+        return None
+    return int.from_bytes(hashlib.sha256(cache_salt.encode("utf-8")).digest()[:8], "little")
 
 
 class TrtllmSpecRunner:
@@ -113,8 +127,8 @@ class TrtllmSpecRunner:
     def can_draft(self) -> bool:
         return self.draft is not None or self.drafter is not None
 
-    def can_admit(self, num_tokens: int) -> bool:
-        return num_tokens <= self._max_context and len(self._seqs) < self._max_batch
+    def can_admit(self, token_ids: Sequence[int], num_draft_tokens: int = 0, cache_salt: str = "") -> bool:
+        return len(token_ids) + num_draft_tokens <= self._max_context and len(self._seqs) < self._max_batch
 
     @property
     def guided_drafts(self) -> bool:
@@ -123,11 +137,22 @@ class TrtllmSpecRunner:
         # cannot check drafts. Guided sequences decode plain, each as one request (``_guided``).
         return False
 
-    def add(self, seq_id: int, max_length: int, sampling: SamplingParams, drafts: bool) -> None:
-        seq = _Seq(sampling, drafts, max_length)
+    def add(
+        self,
+        seq_id: int,
+        max_length: int,
+        sampling: SamplingParams,
+        drafts: bool,
+        token_ids: Sequence[int] = (),
+        cache_salt: str = "",
+    ) -> int:
+        seq = _Seq(sampling, drafts, max_length, salt_id=cache_salt_id(cache_salt))
         if sampling.seed is not None:
             seq.base_seed = sampling.seed
         self._seqs[seq_id] = seq
+        # the executors find reusable blocks themselves when the first round is sent (reported from
+        # their own metrics); the scheduler feeds the whole prompt in our books
+        return 0
 
     def room_for(self, steps: Sequence[SeqStep]) -> bool:
         # each round is a request to the executors, whose own capacity scheduler queues it until
@@ -145,6 +170,10 @@ class TrtllmSpecRunner:
     def cached_length(self, seq_id: int) -> int:
         # what the executors can reuse from their KV blocks: the tokens verified so far but the last
         return self._seqs[seq_id].num_computed
+
+    def kv_cache_metrics(self, seq_id: int) -> KVCacheMetrics | None:
+        seq = self._seqs.get(seq_id)
+        return None if seq is None else seq.kv
 
     def kv_usage(self) -> dict[str, KVUsage]:
         # estimated from our sequences (block reuse may keep more blocks warm than this counts)
@@ -172,7 +201,8 @@ class TrtllmSpecRunner:
         t0 = time.perf_counter()
         wanted = {s.seq_id: self._draft_room(s) for s in decodes}
         seeds = {s.seq_id: self._seed(s) for s in decodes}
-        drafts, failed = self.drafting.propose(decodes, wanted, seeds, ROUND_TIMEOUT_S)
+        salts = {s.seq_id: self._seqs[s.seq_id].salt_id for s in decodes}
+        drafts, failed = self.drafting.propose(decodes, wanted, seeds, ROUND_TIMEOUT_S, salts)
         t1 = time.perf_counter()
         for s in decodes:
             if s.seq_id in failed:
@@ -257,6 +287,7 @@ class TrtllmSpecRunner:
             if draft is None or not draft.tokens:
                 draft = Draft([])  # never an empty external draft: TensorRT-LLM asserts on one
             end_id = self._end_id(s)
+            seq = self._seqs[s.seq_id]
             try:
                 rid = self.target.submit(
                     list(s.token_ids),
@@ -268,6 +299,8 @@ class TrtllmSpecRunner:
                     client_id=s.seq_id,
                     draft_tokens=draft.tokens or None,
                     draft_logits=draft.logits,
+                    perf_metrics=seq.kv is None,
+                    cache_salt_id=seq.salt_id,
                 )
             except Exception as exc:
                 results[s.seq_id] = self._failed(s, f"target request refused: {exc}")
@@ -294,6 +327,13 @@ class TrtllmSpecRunner:
         seq = self._seqs[step.seq_id]
         seq.num_computed = step.feed_to + len(tokens) - 1
         seq.rounds += 1
+        if seq.kv is None and done.kv is not None:
+            # TensorRT-LLM counts blocks (a partly reused one too): its tokens are at most those
+            # blocks, and never the last prompt token, which it always computes
+            tokens_cached = min(
+                done.kv.reused_blocks * self.target_info.tokens_per_block, len(step.token_ids) - 1
+            )
+            seq.kv = replace(done.kv, cached_tokens=tokens_cached)
         return SeqResult(step.seq_id, tokens, len(draft), accepted, seq.num_computed)
 
     def _failed(self, step: SeqStep, error: str) -> SeqResult:

@@ -38,11 +38,15 @@ class Admission:
     def _fits_now(self, seq: Sequence) -> bool:
         # its first step: every verified token and the drafts
         return len(self.running) < self.config.max_batch_size and self.runner.can_admit(
-            seq.num_tokens + seq.num_draft_tokens
+            seq.token_ids, seq.num_draft_tokens, seq.cache_salt
         )
 
     def _start(self, seq: Sequence) -> None:
-        self.runner.add(seq.seq_id, seq.max_length, seq.sampling, seq.drafts)
+        # the prefix cache may hold its first tokens: only the rest is fed (at least the last)
+        cached = self.runner.add(
+            seq.seq_id, seq.max_length, seq.sampling, seq.drafts, seq.token_ids, seq.cache_salt
+        )
+        seq.num_computed = cached
         seq.admitted_at = self.clock()
         if seq.first_scheduled_ns is None:
             seq.first_scheduled_ns = time.time_ns()

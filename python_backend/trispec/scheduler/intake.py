@@ -155,6 +155,7 @@ class Intake:
             drafts=num_draft_tokens > 0,
             arrived_at=arrived_at,
             skip_output_tokens=request.skip_output_tokens,
+            cache_salt=request.cache_salt or "",
         )
 
     def cancel(self, request_id: int) -> None:

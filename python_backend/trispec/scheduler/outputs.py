@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from trispec.errors import InvalidInputError
 from trispec.sequence import FinishReason, Sequence
 from trispec.stats import AcceptanceStats, EngineStats
-from trispec.step import GRAMMAR_COMPLETE, SeqResult
+from trispec.step import GRAMMAR_COMPLETE, KVCacheMetrics, SeqResult
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,10 @@ class RequestOutput:
     # a sampled request's seed (the caller's, or the one it was given): the same seed, prompt and
     # settings give the same text again; None for greedy requests
     seed: int | None = None
+    # prompt tokens taken from the prefix cache (not computed), once its first token is verified
+    cached_tokens: int = 0
+    # its prompt's blocks in the target's KV pool (perf metrics), once its first token is verified
+    kv_metrics: KVCacheMetrics | None = None
 
 
 def apply_result(seq: Sequence, result: SeqResult, planned_k: int, stats: EngineStats) -> RequestOutput:
@@ -110,4 +114,6 @@ def request_output(
         num_prompt_tokens=len(seq.prompt_ids),
         first_scheduled_ns=seq.first_scheduled_ns,
         seed=None if seq.sampling.greedy else seq.sampling.seed,
+        cached_tokens=seq.kv_metrics.cached_tokens if seq.kv_metrics is not None else 0,
+        kv_metrics=seq.kv_metrics,
     )

@@ -87,7 +87,7 @@ class Scheduler(Intake, Admission):
             extra = seq.num_tokens - seq.num_computed - 1
             if extra <= budget:
                 budget -= extra
-                steps.append(self._step(seq, seq.num_tokens, seq.num_draft_tokens))
+                steps.append(self._step(seq, seq.num_tokens, self._k_with_prompt(seq, extra)))
             elif budget > 0:
                 steps.append(self._step(seq, seq.num_computed + budget, 0))
                 budget = 0
@@ -101,7 +101,11 @@ class Scheduler(Intake, Admission):
         if self.controller is None:
             return steps
         free = [
-            i for i, s in enumerate(steps) if not s.is_prompt_chunk and not self._seq(s.seq_id).keeps_its_k
+            i
+            for i, s in enumerate(steps)
+            if not s.is_prompt_chunk
+            and not self._seq(s.seq_id).keeps_its_k
+            and len(s.token_ids) - s.num_computed == 1  # a step feeding prompt tokens drafts nothing
         ]
         if not free:
             return steps
@@ -121,6 +125,14 @@ class Scheduler(Intake, Admission):
             s = steps[i]
             steps[i] = SeqStep(s.seq_id, s.token_ids, s.num_computed, s.feed_to, k, s.sampling)
         return steps
+
+    @staticmethod
+    def _k_with_prompt(seq: Sequence, extra: int) -> int:
+        """A decode step that also feeds ``extra`` prompt tokens (its first, or the rest of a prompt a
+        prefix-cache hit left) drafts nothing: its first token comes with the target's prefill alone,
+        not after a draft model has caught up on the prompt (that happens in the next round). Not for
+        a request whose output depends on its drafts (the rejection rule, seeded): it keeps its k."""
+        return seq.num_draft_tokens if extra == 0 or seq.keeps_its_k else 0
 
     def _step(self, seq: Sequence, feed_to: int, k: int) -> SeqStep:
         # never draft past max_tokens: the last round needs room for the target's own token
@@ -175,11 +187,19 @@ class Scheduler(Intake, Admission):
                 continue
             if seq_result.num_drafted:  # the draft cache now holds what the target's does
                 seq.draft_synced = seq_result.num_computed
+            if not seq.output_ids:  # its first round: what its prompt found cached and took is known
+                self._record_kv_metrics(seq)
             seq.stats.draft_time_s += result.draft_time_s
             seq.stats.verify_time_s += result.verify_time_s
             outputs.append(apply_result(seq, seq_result, step.num_draft_tokens, self.stats))
         self._retire()
         return outputs
+
+    def _record_kv_metrics(self, seq: Sequence) -> None:
+        seq.kv_metrics = metrics = self.runner.kv_cache_metrics(seq.seq_id)
+        self.stats.prompt_tokens += len(seq.prompt_ids)
+        if metrics is not None:
+            self.stats.cached_prompt_tokens += min(metrics.cached_tokens, len(seq.prompt_ids))
 
     def _learn(self, plan: StepPlan, result: StepResult) -> None:
         """Feed the adaptive controller each round's acceptance and the step's timing (a round rerun

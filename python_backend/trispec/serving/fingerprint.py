@@ -46,7 +46,8 @@ FINGERPRINT_HEX_DIGITS = 16
 # served name and transport, admission limits, KV capacity (a preempted sequence is recomputed to
 # the same bits), prefill chunking and torch's thread count (same logit bits at 1..16 threads and
 # any chunking: docs/determinism.md), adaptive k (it chooses only for greedy requests, whose output
-# is the target's whatever k). Everything else counts, including keys added after this list.
+# is the target's whatever k), the prefix cache (a cached block holds the same bits as a recomputed
+# one: docs/prefix-caching.md). Everything else counts, including keys added after this list.
 NOT_OUTPUT_KEYS = frozenset(
     {
         "serving",
@@ -56,6 +57,7 @@ NOT_OUTPUT_KEYS = frozenset(
         "scheduler.max_waiting",
         "scheduler.max_queue_delay_s",
         "scheduler.adaptive_speculation",
+        "scheduler.prefix_caching",
         "target.kv_cache_mb",
         "drafter.kv_cache_mb",
         "drafter.model.kv_cache_mb",

@@ -73,7 +73,7 @@ class Live:
     def sink(self) -> ResponseSink:
         return self.group.sink
 
-    def take(self, out: RequestOutput, now_ns: int, block_size: int) -> dict[str, np.ndarray] | None:
+    def take(self, out: RequestOutput, now_ns: int) -> dict[str, np.ndarray] | None:
         """Account one round's output; the response tensors to send now, or None (nothing to show
         yet: its tokens are reported with the next text)."""
         request = self.request
@@ -101,13 +101,12 @@ class Live:
         final = out.finished
         perf = None
         if request.return_perf_metrics:
-            length = out.num_prompt_tokens + self.token_count
             perf = PerfMetrics(
                 arrival_ns=self.arrival_ns,
                 first_scheduled_ns=out.first_scheduled_ns or 0,
                 first_token_ns=self.first_token_ns,
                 last_token_ns=self.last_token_ns,
-                kv_blocks=math.ceil(length / block_size) if block_size else 0,
+                kv=out.kv_metrics,
             )
         tensors = response_tensors(
             text,
@@ -124,6 +123,7 @@ class Live:
             seed=None if self.responded else self.seed,
             skipped_text_sha256=None if self.responded else skipped_digest(request, self.skipped_text),
             model_fingerprint=None if self.responded else request.model_fingerprint,
+            cached_tokens=out.cached_tokens,
         )
         self.pending_tokens, self.pending_log_probs, self.responded = 0, [], True
         return tensors

@@ -95,9 +95,6 @@ class ServingLoop:
         # latencies seen while dispatching this round's outputs, for its report (loop thread only)
         self._ttft_s: list[float] = []
         self._inter_token_s: list[float] = []
-        # perf metrics count the target KV blocks a sequence's tokens take
-        target = engine.kv_usage().get("target")
-        self._block_size = target.block_size if target is not None else 0
         # held while a request is registered, and while a round's outputs are dispatched, so an
         # output never arrives for a request that is not registered yet
         self._lock = threading.Lock()
@@ -298,7 +295,7 @@ class ServingLoop:
         now = time.time_ns()
         if out.new_token_ids and not state.first_token_ns and self.metrics is not None:
             self._ttft_s.append((now - state.arrival_ns) / 1e9)
-        response = state.take(out, now, self._block_size)
+        response = state.take(out, now)
         if out.finished and state.token_count > 1 and self.metrics is not None:
             self._inter_token_s.append(
                 (state.last_token_ns - state.first_token_ns) / 1e9 / (state.token_count - 1)

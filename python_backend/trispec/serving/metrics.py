@@ -75,11 +75,45 @@ class TritonMetrics:
             counter,
             "Draft tokens planned per verify round (the k chosen), summed; / verify rounds = mean k",
         )
-        self._kv = {
-            (pool, state): metric(f"specdec_kv_blocks_{state}", gauge, f"KV-cache blocks {state}", pool=pool)
-            for pool in ("target", "drafter")
-            for state in ("used", "free")
+        kv_states = {
+            "used": "KV-cache blocks held by running sequences",
+            "free": "KV-cache blocks empty",
+            "cached": "KV-cache blocks no sequence holds, kept by the prefix cache (evicted on demand)",
         }
+        self._kv = {
+            (pool, state): metric(f"specdec_kv_blocks_{state}", gauge, description, pool=pool)
+            for pool in ("target", "drafter")
+            for state, description in kv_states.items()
+        }
+        prefix_counters = {
+            "queried_tokens": (
+                "specdec_prefix_cache_queried_tokens_total",
+                "Tokens sequences lacked when they looked the prefix cache up (a prompt at admission; a "
+                "draft cache catching up)",
+            ),
+            "hit_tokens": (
+                "specdec_prefix_cache_hit_tokens_total",
+                "Of the tokens looked up, those found in the prefix cache (not computed again)",
+            ),
+            "evicted_blocks": (
+                "specdec_prefix_cache_evicted_blocks_total",
+                "Cached KV blocks evicted (least recently used) to hold new tokens",
+            ),
+        }
+        self._prefix = {
+            (pool, field): metric(name, counter, description, pool=pool)
+            for pool in ("target", "drafter")
+            for field, (name, description) in prefix_counters.items()
+        }
+        self._last_kv: dict[str, KVUsage] = {}
+        self.cached_prompt_tokens = metric(
+            "specdec_prompt_cached_tokens_total",
+            counter,
+            "Prompt tokens of admitted requests the target's prefix cache held (OpenAI's cached_tokens)",
+        )
+        self.prompt_tokens = metric(
+            "specdec_prompt_tokens_total", counter, "Prompt tokens of admitted requests"
+        )
         self._counters: dict[tuple[str, str], Any] = {}
         self.draft_failures = metric(
             "specdec_draft_failures_total", counter, "Steps whose drafter failed (run as plain decoding)"
@@ -173,6 +207,8 @@ class TritonMetrics:
             (self.verify_rounds, "rounds"),
             (self.draft_failures, "draft_failures"),
             (self.preemptions, "preemptions"),
+            (self.prompt_tokens, "prompt_tokens"),
+            (self.cached_prompt_tokens, "cached_prompt_tokens"),
         ):
             delta = getattr(totals, name) - getattr(last, name)
             if delta:
@@ -216,7 +252,14 @@ class TritonMetrics:
 
     def _set_kv(self, pool: str, usage: KVUsage) -> None:
         self._kv[(pool, "used")].set(usage.used_blocks)
-        self._kv[(pool, "free")].set(usage.free_blocks)
+        self._kv[(pool, "free")].set(usage.empty_blocks)
+        self._kv[(pool, "cached")].set(usage.cached_blocks)
+        last = self._last_kv.get(pool)
+        for field in ("queried_tokens", "hit_tokens", "evicted_blocks"):
+            delta = getattr(usage, field) - (getattr(last, field) if last is not None else 0)
+            if delta > 0:
+                self._prefix[(pool, field)].increment(delta)
+        self._last_kv[pool] = usage
 
 
 def exported_metric_names() -> dict[str, str]:

@@ -140,6 +140,7 @@ class TritonPythonModel:
         self.fingerprint = fingerprint.value
         self.defaults = config.defaults
         self.max_prompt_bytes = config.serving.max_prompt_bytes
+        self.require_cache_salt = config.serving.require_cache_salt
         self.resume_refusal = exact_resume_refusal(config)
         limits = QueueLimits(config.scheduler.max_waiting, config.scheduler.max_queue_delay_s)
         # specdec-serve's supervisor watches this file (see tritonserver.HEARTBEAT_DIR_ENV)
@@ -173,7 +174,12 @@ class TritonPythonModel:
             try:
                 check_parameters(request.parameters())
                 rows = parse_batch(
-                    get, self.defaults, self.max_prompt_bytes, self.resume_refusal, self.fingerprint
+                    get,
+                    self.defaults,
+                    self.max_prompt_bytes,
+                    self.resume_refusal,
+                    self.fingerprint,
+                    require_cache_salt=self.require_cache_salt,
                 )
                 if not self.decoupled:
                     check_one_response(rows)

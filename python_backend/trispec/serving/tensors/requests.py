@@ -157,12 +157,15 @@ def parse_inputs(
     max_prompt_bytes: int | None = None,
     resume_refusal: str | None = None,
     model_fingerprint: str | None = None,
+    *,
+    require_cache_salt: bool = False,
 ) -> ParsedRequest:
     """Turn one prompt's tensors into a ``GenerationRequest``; unset fields take the YAML defaults.
     A ``text_input`` over ``max_prompt_bytes`` is refused before anything decodes or tokenises it.
     ``resume_refusal``: why this model cannot resume a stream exactly (``skip_output_tokens`` > 0 is
     then refused with it), None where it can. ``model_fingerprint``: this replica's; a request that
-    expects another (``expected_model_fingerprint``) is refused."""
+    expects another (``expected_model_fingerprint``) is refused. ``require_cache_salt``: refuse a
+    request without a ``cache_salt`` (serving.require_cache_salt)."""
     prompt_value = _one(get, "text_input")
     if prompt_value is None:
         raise InvalidInputError("text_input", "is required")
@@ -214,6 +217,7 @@ def parse_inputs(
         min_tokens=int(pick(min_tokens, 0)),
         return_log_probs=_bool(get, "return_log_probs"),
         guide=_guide(get),
+        cache_salt=_cache_salt(get, require_cache_salt),
     )
     generation.sampling  # noqa: B018 -- validates the sampling fields (names the field)
     stream = _bool(get, "stream")
@@ -271,6 +275,19 @@ def _check_fingerprint(get: GetInput, model_fingerprint: str | None) -> None:
         )
 
 
+def _cache_salt(get: GetInput, required: bool) -> str | None:
+    """The request's cache salt; an empty string is none (clients send "" for unset strings)."""
+    value = _one(get, "cache_salt")
+    salt = None if value is None else _text("cache_salt", value) or None
+    if salt is None and required:
+        raise InvalidInputError(
+            "cache_salt",
+            "is required by this server (serving.require_cache_salt): send your tenant's salt, a secret "
+            "string shared only by requests that may share KV-cache blocks",
+        )
+    return salt
+
+
 def _seeded(generation: GenerationRequest) -> GenerationRequest:
     """Every sampled request gets a seed, returned in its first response (sampling_seed), so that a
     stream cut by the server can be resumed exactly (trispec_client.resume)."""
@@ -311,6 +328,8 @@ def parse_batch(
     max_prompt_bytes: int | None = None,
     resume_refusal: str | None = None,
     model_fingerprint: str | None = None,
+    *,
+    require_cache_salt: bool = False,
 ) -> list[ParsedRequest]:
     """A request's rows (Triton's batch dimension: NVIDIA's client sends several prompts as one
     request with ``--batch-inputs``), each parsed on its own; the list index is the ``batch_index``."""
@@ -328,7 +347,14 @@ def parse_batch(
         return get_row
 
     return [
-        parse_inputs(row_of(row), defaults, max_prompt_bytes, resume_refusal, model_fingerprint)
+        parse_inputs(
+            row_of(row),
+            defaults,
+            max_prompt_bytes,
+            resume_refusal,
+            model_fingerprint,
+            require_cache_salt=require_cache_salt,
+        )
         for row in range(rows)
     ]
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trispec.stats import AcceptanceStats
+from trispec.step import KVCacheMetrics
 
 if TYPE_CHECKING:
     from trispec.serving.tensors.requests import ParsedRequest
@@ -23,8 +24,8 @@ class PerfMetrics:
     first_scheduled_ns: int
     first_token_ns: int
     last_token_ns: int
-    # target KV blocks the sequence's tokens take
-    kv_blocks: int
+    # its prompt's blocks in the target's KV pool (None: not known, reported as zeros)
+    kv: KVCacheMetrics | None
 
 
 def _cell(value: object, dtype: type | str) -> np.ndarray:
@@ -48,6 +49,7 @@ def response_tensors(
     seed: int | None = None,
     skipped_text_sha256: str | None = None,
     model_fingerprint: str | None = None,
+    cached_tokens: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Output tensors of one response. ``finish_reason`` and ``stats`` on the final one; ``stats`` so
     far with ``perf``; ``log_probs`` (this response's tokens) when the request asked for them."""
@@ -72,11 +74,16 @@ def response_tensors(
         tensors["num_input_tokens"] = _cell(num_input_tokens, np.int32)
     if num_output_tokens is not None:
         tensors["num_output_tokens"] = _cell(num_output_tokens, np.int32)
+    if cached_tokens is not None and (perf is not None or finish_reason is not None):
+        tensors["cached_tokens"] = _cell(cached_tokens, np.int32)
     if perf is not None:
+        kv = perf.kv or KVCacheMetrics(0, 0, 0, 0)
         tensors.update(
-            kv_cache_alloc_new_blocks=_cell(perf.kv_blocks, np.int32),
-            kv_cache_reused_blocks=_cell(0, np.int32),
-            kv_cache_alloc_total_blocks=_cell(perf.kv_blocks, np.int32),
+            kv_cache_alloc_new_blocks=_cell(kv.alloc_new_blocks, np.int32),
+            kv_cache_reused_blocks=_cell(kv.reused_blocks, np.int32),
+            kv_cache_alloc_total_blocks=_cell(kv.alloc_total_blocks, np.int32),
+            kv_cache_missed_blocks=_cell(kv.missed_blocks, np.int32),
+            kv_cache_hit_rate=_cell(kv.hit_rate, np.float32),
             arrival_time_ns=_cell(perf.arrival_ns, np.int64),
             first_scheduled_time_ns=_cell(perf.first_scheduled_ns, np.int64),
             first_token_time_ns=_cell(perf.first_token_ns, np.int64),

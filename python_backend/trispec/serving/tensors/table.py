@@ -90,6 +90,14 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("skip_output_tokens", "TYPE_INT32", status="extension"),
     # ours: a resumed stream goes on only on a replica serving the model it began on
     TensorSpec("expected_model_fingerprint", "TYPE_STRING", status="extension"),
+    # ours (vLLM's name): KV-cache blocks are shared only among requests with the same salt;
+    # TensorRT-LLM's executor takes it as Request(cache_salt_id)
+    TensorSpec(
+        "cache_salt",
+        "TYPE_STRING",
+        status="extension",
+        why="prefix-cache isolation: blocks are shared only among requests with the same salt",
+    ),
 )
 
 OUTPUTS: tuple[TensorSpec, ...] = (
@@ -103,10 +111,28 @@ OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("generation_logits", "TYPE_FP32", (-1, -1, -1), status="refused", why=_LOGITS),
     TensorSpec("batch_index", "TYPE_INT32"),
     TensorSpec("sequence_index", "TYPE_INT32"),
-    # with return_perf_metrics: the target KV blocks the sequence holds (no prefix reuse here)
+    # with return_perf_metrics, TensorRT-LLM's RequestPerfMetrics.kv_cache_metrics of the prompt in
+    # the target's pool (batch_manager/kvCacheManager.cpp ``loadOrAllocateBlocks``, ``getFreeBlock``):
+    # blocks taken from the pool for it (total), of them ones that never held KV (new), blocks found
+    # in the prefix cache (reused) and not found (missed), reused / (reused + missed)
     TensorSpec("kv_cache_alloc_new_blocks", "TYPE_INT32"),
     TensorSpec("kv_cache_reused_blocks", "TYPE_INT32"),
     TensorSpec("kv_cache_alloc_total_blocks", "TYPE_INT32"),
+    TensorSpec(
+        "kv_cache_missed_blocks",
+        "TYPE_INT32",
+        status="extension",
+        why="TensorRT-LLM's KvCacheMetrics.num_missed_blocks; NVIDIA's Triton models do not output it",
+    ),
+    TensorSpec(
+        "kv_cache_hit_rate",
+        "TYPE_FP32",
+        status="extension",
+        why="TensorRT-LLM's KvCacheMetrics.kv_cache_hit_rate; NVIDIA's Triton models do not output it",
+    ),
+    # ours (OpenAI's usage.prompt_tokens_details.cached_tokens): prompt tokens taken from the cache,
+    # on the final response always, on every one with return_perf_metrics
+    TensorSpec("cached_tokens", "TYPE_INT32", status="extension"),
     # with return_perf_metrics: wall-clock times (time.time_ns)
     TensorSpec("arrival_time_ns", "TYPE_INT64"),
     TensorSpec("first_scheduled_time_ns", "TYPE_INT64"),
