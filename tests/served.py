@@ -206,14 +206,14 @@ def openai_frontend(grpc_url: str, log: Path) -> Iterator[str]:
 
 
 @contextmanager
-def openai_frontends(grpc_urls: list[str], logs: list[Path]) -> Iterator[list[str]]:
-    """One ``specdec-openai`` per entry, all started at once; yields their base URLs once each
-    /health answers."""
+def openai_frontends(grpc_urls: list[str], logs: list[Path], *options: str) -> Iterator[list[str]]:
+    """One ``specdec-openai`` per entry (with ``options`` on each command line), all started at once;
+    yields their base URLs once each /health answers."""
     processes, urls = [], []
     try:
         for grpc_url, log in zip(grpc_urls, logs, strict=True):
             port = free_port()
-            command = [str(BIN / "specdec-openai"), "--triton-url", grpc_url, "--port", str(port)]
+            command = [str(BIN / "specdec-openai"), "--triton-url", grpc_url, "--port", str(port), *options]
             with log.open("wb") as out:
                 processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
             urls.append(f"http://127.0.0.1:{port}")

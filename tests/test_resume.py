@@ -256,7 +256,9 @@ def replicas(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     try:
         backends = [f"{killed.grpc},{server.grpc}" for killed in (first, first, other, other)]
         logs = [tmp / f"openai{i}.log" for i in range(4)]
-        with openai_frontends(backends, logs) as endpoints:
+        # round-robin: each endpoint's first generation goes to its first replica (the one killed),
+        # whatever replica its prompt's prefix would pick
+        with openai_frontends(backends, logs, "--routing", "round-robin") as endpoints:
             wait_until_ready(first)
             wait_until_ready(other)
             # each endpoint sees its first replica ready (its channel connected), so that its first

@@ -151,7 +151,7 @@ def test_noise_keyed_without_the_position_is_caught(monkeypatch: pytest.MonkeyPa
     assert law_p_value(sampled_pairs(4, HOT)[0], expected["hot"]) < FAIL
 
 
-def _shared_noise_pq_round(decodes, drafts, logits, generators):  # type: ignore[no-untyped-def]
+def _shared_noise_pq_round(decodes, drafts, logits, generators, masks=None):  # type: ignore[no-untyped-def]
     """The p/q test on drafts drawn with the keyed noise, its uniform and its residual resample taken
     from that same noise: what vLLM once shipped. q is recomputed from the draft model's logits."""
     results = []

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtllm_files import drain, engine_over
 from test_trtllm_runtime import runner_over
 from trispec.request import GenerationRequest
+from trtllm_files import drain, engine_over
 from trtllm_standin_kv import ReuseTree
 
 TPB = 32

@@ -22,7 +22,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trispec.config import SpecDecConfig, TrtllmConfig
+from trispec.config import SpecDecConfig
+from trispec.config_trtllm import TrtllmConfig
 from trispec.engine.args import Arch
 
 # TensorRT-LLM's example folder per architecture (0.19+ layout first, then the older one)

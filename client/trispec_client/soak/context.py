@@ -85,7 +85,7 @@ class Soak:
             phase,
             "KV blocks back to idle",
             ok,
-            f"used {used:g}, free {free:g} (idle {self.idle_free:g}), running {running:g}, "
+            f"used {used:g}, free or cached {free:g} (idle {self.idle_free:g}), running {running:g}, "
             f"waiting {waiting:g} after {waited:.1f} s",
             f"within {self.s.idle_timeout_s:g} s",
         )

@@ -67,7 +67,8 @@ class Server:
         return counts
 
     def kv_state(self) -> tuple[float, float, float, float]:
-        """(target blocks used, target blocks free, running, waiting)."""
+        """(target blocks used, target blocks not in use, running, waiting). Not in use: free or held by
+        the prefix cache, which gives a cached block back whenever a new one is needed."""
         m = self.metrics()
 
         def get(name: str, **labels: str) -> float:
@@ -75,13 +76,13 @@ class Server:
 
         return (
             get("specdec_kv_blocks_used", pool="target"),
-            get("specdec_kv_blocks_free", pool="target"),
+            get("specdec_kv_blocks_free", pool="target") + get("specdec_kv_blocks_cached", pool="target"),
             get("specdec_running_sequences"),
             get("specdec_waiting_sequences"),
         )
 
     def wait_idle(self, idle_free: float, timeout_s: float) -> tuple[bool, tuple[float, ...], float]:
-        """Wait until nothing runs or waits and the target's free KV blocks are back at ``idle_free``."""
+        """Wait until nothing runs or waits and the target's blocks not in use are back at ``idle_free``."""
         start = time.monotonic()
         state: tuple[float, ...] = ()
         while time.monotonic() - start < timeout_s:
