@@ -12,6 +12,12 @@ import pytest
 # fixtures shared by several test files, registered here for all of them (docs/development.md)
 pytest_plugins = ["client_stand_ins", "deploy_manifests", "tiny_triton", "e2e_server", "serving_loop_sinks"]
 
+# OpenMP threads that wait for work sleep instead of spinning: with a test worker per core (make test)
+# and served models beside them, spinning threads take the cores the others need (two copies of
+# test_speculative_sampling.py side by side: 209 s spinning, 86 s passive). Read when torch loads
+# libgomp: before anything imports torch, and inherited by the servers the tests start.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # The Triton kernels run under Triton's interpreter on a machine without a GPU; the variable is read
 # when ``@triton.jit`` decorates, so it must be set before trispec.engine.gpu.triton_attention is imported.
 if not os.path.exists("/dev/nvidia0"):
@@ -48,9 +54,24 @@ def trtllm_bindings() -> Iterator[object]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # the GPU compile of every Triton kernel runs beside the suite, niced (tests/aot_compile.py)
-    if any(item.nodeid.endswith(aot_compile.TEST) for item in session.items):
+    # the GPU compile of every Triton kernel runs beside the suite, niced (tests/aot_compile.py); an
+    # xdist worker reads the one its controller started
+    workerinput = getattr(session.config, "workerinput", None)
+    if workerinput is not None and aot_compile.WORKDIR_KEY in workerinput:
+        aot_compile.follow(workerinput[aot_compile.WORKDIR_KEY])
+    elif workerinput is None and any(item.nodeid.endswith(aot_compile.TEST) for item in session.items):
         aot_compile.start()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # type: ignore[no-untyped-def]
+    node.workerinput[aot_compile.WORKDIR_KEY] = str(aot_compile.workdir())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:  # type: ignore[no-untyped-def]
+    if any(nodeid.endswith(aot_compile.TEST) for nodeid in ids):
+        aot_compile.start()  # once: the first worker to report
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
