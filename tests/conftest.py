@@ -53,6 +53,39 @@ def trtllm_bindings() -> Iterator[object]:
                 sys.modules[name] = module
 
 
+# The slowest files (make test's durations, 2026-11-27) start first on the xdist workers, so that the
+# suite does not end on one long file (make test passes --no-loadscope-reorder: xdist keeps this
+# order); the ahead-of-time compile's test goes last, by when the compile it waits for has run beside
+# the rest. Never list test_server_stub_killed.py: it disturbs the server the test_server_*.py files
+# share and must come after them (docs/development.md, "Running the tests").
+SLOWEST_FIRST = (
+    "test_resume.py",
+    "test_speculative_real.py",
+    "test_server_streams.py",
+    "test_speculative_sampling.py",
+    "test_soak.py",
+    "test_bls_peer.py",
+    "test_retryable_refusals.py",
+    "test_isa_forced.py",
+    "test_supervisor.py",
+    "test_server_stall.py",
+    "test_openai.py",
+    "test_model_parity.py",
+    "test_hf_export.py",
+)
+LAST = ("test_triton_aot.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    last = len(rank) + 1
+
+    def order(item: pytest.Item) -> int:
+        return last if item.path.name in LAST else rank.get(item.path.name, len(rank))
+
+    items.sort(key=order)  # stable: the other files and every file's own tests keep their order
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     # the GPU compile of every Triton kernel runs beside the suite, niced (tests/aot_compile.py); an
     # xdist worker reads the one its controller started
