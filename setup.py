@@ -1,8 +1,10 @@
 """Only the C extensions live here; everything else is in pyproject.toml."""
 
+import os
 import warnings
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.warnings import InformationOnly
 
 # `pip install -e .`: the packages live in four folders (pyproject.toml, package-dir), so setuptools
@@ -28,11 +30,22 @@ def kernel(name: str, package: str = "engine.cpu") -> Extension:
     )
 
 
+class ParallelBuildExt(build_ext):
+    """The kernels compile side by side, one a core (each has several ISA copies: most of a fresh
+    install's own time)."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
+
 setup(
+    cmdclass={"build_ext": ParallelBuildExt},
     ext_modules=[
         kernel("paged_attention"),
         kernel("int8_linear"),
         kernel("gguf_linear"),
         kernel("perturbed_argmax", "sampling"),
-    ]
+    ],
 )
