@@ -217,11 +217,15 @@ def cold_on_and_off(ours: Ours, texts: Conversations, max_tokens: int) -> dict[s
     def decode_tok_s(on: bool) -> float:
         return sum(r.output_tokens - 1 for r in replies[on]) / sum(r.total_s - r.ttft_s for r in replies[on])
 
-    assert all(r.cached_tokens == 0 for rs in replies.values() for r in rs), "cold prompts hit the cache"
+    # the prompts share only the chat template's first tokens ("<|im_start|>system\nSession 10"), which
+    # a partial-block hit copies with the cache on: reported, and never more than those
+    lead = max(r.cached_tokens for r in replies[True])
+    assert lead < 16 and all(r.cached_tokens == 0 for r in replies[False]), "cold prompts hit the cache"
     return {
         "row": "multiturn_summary",
         "scenario": "cold",
         "prompts": COLD_PROMPTS * 2,
+        "cached_tokens_max_on": lead,
         "ttft_off_s": round(ttft(False), 4),
         "ttft_on_s": round(ttft(True), 4),
         "cold_prompt_speed_on_over_off": round(ttft(False) / ttft(True), 4),
