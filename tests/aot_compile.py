@@ -95,3 +95,5 @@ def follow(folder: str) -> None:
 def stop() -> None:
     if _running is not None and _running.process is not None:
         _running.stop()
+    elif _running is None and _workdir is not None:  # made for the workers, never used: no compile ran
+        shutil.rmtree(_workdir, ignore_errors=True)
