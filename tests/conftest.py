@@ -96,6 +96,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         aot_compile.start()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Under xdist (the controller, before its workers start): each worker, and each server it starts,
+    # runs one OpenMP thread: with more workers than cores, two threads each only fought over the
+    # cores (test_speculative_real.py alone on the 2-core machine: 197 CPU-s with two threads, 162
+    # with one). A run without workers keeps torch's default.
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:  # type: ignore[no-untyped-def]
     node.workerinput[aot_compile.WORKDIR_KEY] = str(aot_compile.workdir())

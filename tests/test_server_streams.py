@@ -16,19 +16,33 @@ from served import BIN, Server
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
 
 
+Expected = dict[tuple[str, int], str]  # specdec-generate's text by (prompt, k)
+QUESTIONS = [f"Question {i}: what is {i} plus {i}? Answer:" for i in range(16)]
+
+
 @pytest.fixture(scope="module")
 def server(e2e_server: Server) -> Server:
     """The real server the test_server_*.py files share (``e2e_server``)."""
     return e2e_server
 
 
+@pytest.fixture(scope="module")
+def expected() -> Expected:
+    """``specdec-generate``'s text by (prompt, k): two runs (a model load each) for the whole file, its
+    prompts batched (greedy text does not depend on the batch: test_batch_invariance.py)."""
+    found: Expected = {}
+    for prompts, k in (([*PROMPTS, *QUESTIONS], 4), (PROMPTS, 0)):
+        found |= {(prompt, k): text for prompt, text in zip(prompts, reference(prompts, k))}
+    return found
+
+
 # -- 1. the served text is exactly specdec-generate's, over gRPC and HTTP -------------------------
 @pytest.mark.parametrize("k", [0, 4])
-def test_grpc_and_http_streams_match_specdec_generate(server: Server, k: int) -> None:
+def test_grpc_and_http_streams_match_specdec_generate(server: Server, expected: Expected, k: int) -> None:
     from trispec_client.client import SpecDecClient
 
-    expected = reference(PROMPTS, k)
-    for prompt, want in zip(PROMPTS, expected):
+    wanted = [expected[prompt, k] for prompt in PROMPTS]
+    for prompt, want in zip(PROMPTS, wanted):
         got = grpc_stream(server, prompt, max_tokens=MAX_TOKENS, num_draft_tokens=k, stream=True)
         assert got.error is None, got.error
         assert got.text == want, prompt
@@ -39,22 +53,22 @@ def test_grpc_and_http_streams_match_specdec_generate(server: Server, k: int) ->
         if k == 0:
             assert got.final["draft_tokens"] == 0
     http = SpecDecClient(server.http, protocol="http", timeout_s=120)
-    for prompt, want in zip(PROMPTS, expected):
+    for prompt, want in zip(PROMPTS, wanted):
         chunks = list(http.stream(prompt, max_tokens=MAX_TOKENS, num_draft_tokens=k))
         assert "".join(c.text for c in chunks) == want, prompt
         assert chunks[-1].final
 
 
-def test_one_shot_response_carries_prompt_and_text(server: Server) -> None:
-    want = reference(PROMPTS[:1], 4)[0]
+def test_one_shot_response_carries_prompt_and_text(server: Server, expected: Expected) -> None:
+    want = expected[PROMPTS[0], 4]
     got = grpc_stream(server, PROMPTS[0], max_tokens=MAX_TOKENS, stream=False)
     assert got.responses == 1 and got.text == PROMPTS[0] + want
     got = grpc_stream(server, PROMPTS[0], max_tokens=MAX_TOKENS, exclude_input_in_output=True)
     assert got.text == want
 
 
-def test_specdec_client_cli(server: Server) -> None:
-    want = reference(PROMPTS[:1], 4)[0]
+def test_specdec_client_cli(server: Server, expected: Expected) -> None:
+    want = expected[PROMPTS[0], 4]
     for protocol, url in (("grpc", server.grpc), ("http", server.http)):
         command = [str(BIN / "specdec-client"), "generate", PROMPTS[0], "--url", url, "--protocol", protocol]
         command += ["--max-tokens", str(MAX_TOKENS), "--num-draft-tokens", "4", "--timeout", "120"]
@@ -69,12 +83,10 @@ def test_specdec_client_cli(server: Server) -> None:
         assert "accept" in run.stderr
 
 
-def test_streams_join_a_running_batch_in_flight(server: Server) -> None:
+def test_streams_join_a_running_batch_in_flight(server: Server, expected: Expected) -> None:
     """16 streams sent while a long stream runs all finish exact while it is still running, and the
     server's own counters show them sharing verify passes with it. With in-flight batching broken
     (e.g. scheduler.max_batch_size: 1) they would wait behind the long stream: this test fails."""
-    prompts = [f"Question {i}: what is {i} plus {i}? Answer:" for i in range(16)]
-    expected = reference(prompts, 4)
     steps_before = server.metric("specdec_verify_steps_total")
     rounds_before = server.metric("specdec_verify_rounds_total")
     anchor = Anchor(server, "Tell me a very long story about the sea.")
@@ -83,7 +95,7 @@ def test_streams_join_a_running_batch_in_flight(server: Server) -> None:
     def run(i: int) -> None:
         try:
             results[i] = grpc_stream(
-                server, prompts[i], max_tokens=MAX_TOKENS, num_draft_tokens=4, stream=True
+                server, QUESTIONS[i], max_tokens=MAX_TOKENS, num_draft_tokens=4, stream=True
             )
         except BaseException as exc:
             results[i] = exc
@@ -97,7 +109,7 @@ def test_streams_join_a_running_batch_in_flight(server: Server) -> None:
     assert long.error is None and "finished" not in long.final, "the long stream ended before the others"
     for i, result in enumerate(results):
         assert isinstance(result, StreamResult) and result.error is None, (i, result)
-        assert result.text == expected[i], prompts[i]
+        assert result.text == expected[QUESTIONS[i], 4], QUESTIONS[i]
     # every round of the 16 shared its verify pass with the long stream (at least), so the rounds
     # exceed the passes by at least one per such round, and each request had one round or more
     steps = server.metric("specdec_verify_steps_total") - steps_before

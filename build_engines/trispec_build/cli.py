@@ -18,11 +18,11 @@ import json
 import sys
 from pathlib import Path
 
-import gguf
 from trispec.checkpoints import cache_dir, load_tokenizer, resolve_checkpoint
 from trispec.config import ModelConfig, SpecDecConfig, load_config
 from trispec.engine.args import Arch, ModelArgs
 from trispec.errors import ConfigError, InvalidInputError
+from trispec.gguf_file import open_gguf
 from trispec.runners.trtllm_engines import EngineConfigError, check_pair, context_limit, read_engine
 
 from trispec_build import llmapi, trtllm_build
@@ -32,7 +32,7 @@ def read_model_args(weights: Path) -> ModelArgs:
     """The architecture, without loading (or dequantising) any weights."""
     if weights.is_dir():
         return ModelArgs.from_hf_config(json.loads((weights / "config.json").read_text()))
-    return ModelArgs.from_gguf(gguf.GGUFReader(weights))
+    return ModelArgs.from_gguf(open_gguf(weights))
 
 
 def models(config: SpecDecConfig) -> dict[str, tuple[ModelConfig, str]]:

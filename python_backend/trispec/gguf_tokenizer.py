@@ -18,6 +18,7 @@ from typing import Any
 import gguf
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from trispec.gguf_file import open_gguf
 from trispec.tokenizer import INFO_FILE, TokenizerInfo, end_of_turn_ids
 from trispec.tokenizer import Tokenizer as RuntimeTokenizer
 
@@ -92,7 +93,7 @@ def _field_value(field: Any) -> Any:
 
 
 def read_gguf_tokenizer(gguf_path: str | Path) -> GGUFTokenizerData:
-    reader = gguf.GGUFReader(str(gguf_path))
+    reader = open_gguf(gguf_path)
     values = {key: _field_value(f) for key, f in reader.fields.items() if key.startswith("tokenizer.")}
     model = values.get("tokenizer.ggml.model")
     if model != "gpt2":
