@@ -22,7 +22,9 @@ def kernel(name: str, package: str = "engine.cpu") -> Extension:
         sources=[f"python_backend/trispec/{folder}/csrc/{name}.c"],
         # kernel_common.h, shared by every kernel
         include_dirs=["python_backend/trispec/csrc"],
-        extra_compile_args=["-O3", "-fopenmp", "-std=gnu11"],
+        # -g0: Python's own CFLAGS ask for debug info, which took 24 s of gguf_linear.c's 60 s compile
+        # (the longest step of a fresh install on the 2-core machine); the code is the same without it
+        extra_compile_args=["-O3", "-fopenmp", "-std=gnu11", "-g0"],
         extra_link_args=["-fopenmp"],
         # without a C compiler the install still succeeds; the engine then falls back to torch's
         # kernels (fast, but not batch-invariant) and says so in its log
