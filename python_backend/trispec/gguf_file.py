@@ -16,7 +16,7 @@ import numpy as np
 from gguf import GGUFReader
 
 
-class _PlainViewReader(GGUFReader):
+class PlainViewGGUFReader(GGUFReader):
     # gguf 0.19, gguf_reader.py: every field, string and tensor is read through _get
     def _get(
         self, offset: int, dtype: Any, count: int = 1, override_order: Literal["I", "S", "<"] | None = None
@@ -33,4 +33,4 @@ class _PlainViewReader(GGUFReader):
 
 def open_gguf(path: str | Path, mode: Literal["r", "r+", "c"] = "r") -> GGUFReader:
     """A ``GGUFReader`` of ``path`` (memory-mapped; ``reader.data`` is still the ``np.memmap``)."""
-    return _PlainViewReader(str(path), mode)
+    return PlainViewGGUFReader(str(path), mode)
