@@ -77,6 +77,33 @@ SLOWEST_FIRST = (
 LAST = ("test_triton_aot.py",)
 
 
+# The files that share the session's served model (``e2e_server``): one work unit under xdist, so that
+# one worker starts that server once instead of each worker that runs one of them (a start costs
+# ~9 CPU-s); test_server_stub_killed.py still sorts after the others within it.
+SHARED_SERVER_FILES = frozenset(
+    (
+        "test_server_streams.py",
+        "test_server_cancel.py",
+        "test_server_refusals.py",
+        "test_server_stub_killed.py",
+    ),
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    if config.getoption("dist") != "loadfile":
+        return None  # xdist's own for any other --dist
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedServerScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "e2e_server" if scope.rsplit("/", 1)[-1] in SHARED_SERVER_FILES else scope
+
+    return SharedServerScheduling(config, log)  # type: ignore[arg-type]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     last = len(rank) + 1
