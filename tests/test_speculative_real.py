@@ -120,9 +120,9 @@ def drafters(target: TorchEngine) -> dict[str, object]:
     }
 
 
-def cases_for(drafter_name: str, prompts: int) -> list[tuple[int, int]]:
-    """(prompt index, k) pairs: every prompt once, the k's in turn from the drafter's offset."""
-    return [(i, KS[(i + KS_IN_TURN[drafter_name]) % len(KS)]) for i in range(prompts)]
+def k_in_turn(drafter_name: str, n: int) -> int:
+    """The k of a drafter's n-th request: the k's in turn from the drafter's own offset."""
+    return KS[(n + KS_IN_TURN[drafter_name]) % len(KS)]
 
 
 @pytest.mark.parametrize("drafter_name", ["self-int8", "model-bf16", "ngram"])
@@ -137,15 +137,11 @@ def test_smollm2_greedy_exact(
     """Every prompt once, k in {1, 4, 8} in turn, all 20 requests batched in flight together."""
     drafter = drafters[drafter_name]
     llm = smollm2_engine(target, drafter, tokenizer, SchedulerConfig(max_context=512, max_batch_size=80))
-    cases = {
-        llm.add_request(
-            GenerationRequest(prompt_token_ids=prompt_ids[i], max_tokens=MAX_TOKENS, num_draft_tokens=k)
-        ): (
-            i,
-            k,
-        )
-        for i, k in cases_for(drafter_name, len(prompt_ids))
-    }
+    cases = {}
+    for i, prompt in enumerate(prompt_ids):
+        k = k_in_turn(drafter_name, i)
+        request = GenerationRequest(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, num_draft_tokens=k)
+        cases[llm.add_request(request)] = (i, k)
     tokens: dict[int, list[int]] = {rid: [] for rid in cases}
     while llm.has_work():
         for out in llm.step():
@@ -200,8 +196,7 @@ def test_smollm2_seeded_sampling_gives_the_plain_text_whatever_k_drafter_or_batc
     assert all(len(t) == 32 for t in plain.values())
     # (model-bf16 is the same kind of drafter as self-int8: a ModelDrafter)
     for drafter_name in ("self-int8", "ngram", "suffix"):
-        turn = KS_IN_TURN[drafter_name]
-        cases = [(i, j, KS[(i + j + turn) % len(KS)]) for i, j in settings]
+        cases = [(i, j, k_in_turn(drafter_name, i + j)) for i, j in settings]
         for (i, j, k), tokens in run(drafter_name, cases).items():
             assert tokens == plain[i, j], (drafter_name, i, j, k)
         alone = run(drafter_name, [(3, j, 4) for j in range(len(SAMPLED))])

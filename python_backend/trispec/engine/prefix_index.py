@@ -98,7 +98,9 @@ class PrefixIndex:
             node, run = below, run + 1
         if run == 0 or node is None:
             return None, 0
-        return min(node.blocks), run  # (any of them holds the run; the lowest, for repeatability)
+        # any of them holds the run (the same tokens after the same parent: the same keys and values);
+        # not min(): thousands of blocks may pass through one node
+        return next(iter(node.blocks)), run
 
     def blocks(self) -> set[int]:
         return set(self._entries)

@@ -179,14 +179,18 @@ def unpermute_llama_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def dequantize_tensor(tensor: object, values_per_chunk: int = 1 << 18) -> torch.Tensor:
     """A ``gguf.ReaderTensor`` -> float32 torch tensor in PyTorch orientation ``[out, in]``."""
-    data = tensor.data  # type: ignore[attr-defined]
-    qtype = tensor.tensor_type  # type: ignore[attr-defined]
     shape = tuple(int(s) for s in reversed(tensor.shape))  # type: ignore[attr-defined]  # GGUF: [in, out]
+    rows = _float_rows(tensor.data, tensor.tensor_type, shape[-1], values_per_chunk)  # type: ignore[attr-defined]
+    return torch.from_numpy(rows.reshape(shape))
+
+
+def _float_rows(data: np.ndarray, qtype: int, width: int, values_per_chunk: int = 1 << 18) -> np.ndarray:
+    """A GGUF tensor's data (or some of its rows) as writable float32 ``[rows, width]``."""
     if data.ndim == 2 and data.dtype == np.uint8:
-        return torch.from_numpy(_dequantize_rows(data, qtype, shape[-1], values_per_chunk).reshape(shape))
-    array = np.asarray(dequantize(data, qtype), dtype=np.float32).reshape(shape)
+        return _dequantize_rows(data, qtype, width, values_per_chunk)
+    array = np.asarray(dequantize(data, qtype), dtype=np.float32).reshape(-1, width)
     # F32/F16 tensors come back as read-only views of the memory-mapped file: copy those.
-    return torch.from_numpy(array if array.flags.writeable and array.flags.c_contiguous else array.copy())
+    return array if array.flags.writeable and array.flags.c_contiguous else array.copy()
 
 
 def _dequantize_rows(rows: np.ndarray, qtype: int, width: int, values_per_chunk: int = 1 << 18) -> np.ndarray:
@@ -207,13 +211,8 @@ def _dequantize_rows(rows: np.ndarray, qtype: int, width: int, values_per_chunk:
 def _read_gguf_rows(reader: object, tensor: object, start: int, stop: int) -> torch.Tensor:
     """Output rows ``[start, stop)`` of a 2-D GGUF tensor (GGUF stores them as its data's rows)."""
     data = tensor.data  # type: ignore[attr-defined]
-    qtype = tensor.tensor_type  # type: ignore[attr-defined]
     width = int(tensor.shape[0])  # type: ignore[attr-defined]  # GGUF: [in, out]
-    if data.dtype == np.uint8:
-        array = _dequantize_rows(data[start:stop], qtype, width)
-    else:
-        array = np.asarray(dequantize(data[start:stop], qtype), dtype=np.float32).reshape(-1, width)
-        array = array.copy() if not array.flags.writeable else array
+    array = _float_rows(data[start:stop], tensor.tensor_type, width)  # type: ignore[attr-defined]
     row_bytes = tensor.n_bytes // data.shape[0]  # type: ignore[attr-defined]
     _drop_pages(reader, tensor.data_offset + start * row_bytes, (stop - start) * row_bytes)  # type: ignore[attr-defined]
     return torch.from_numpy(array)
