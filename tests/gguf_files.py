@@ -8,7 +8,9 @@ tests then read back through the loader, so every check compares against what th
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -159,6 +161,7 @@ def random_gguf(args: ModelArgs, seed: int, mix: str = "legacy") -> Path:
     its matrices in the legacy types of MIXED_LEGACY (any width that is a multiple of 32), ``k`` in
     MIXED_K's K-quants (random blocks: widths of whole 256-blocks)."""
     folder = Path(tempfile.mkdtemp(prefix="specdec-test-gguf-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the process's cache: gone with it
     path = folder / f"{args.arch}-{seed}-{mix}.gguf"
     types = {"legacy": mixed_legacy, "k": mixed_k, "f32": lambda name: None}[mix]
     write_gguf(path, args, random_state_dict(args, seed), types=types)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_llm import save_tiny_checkpoint
@@ -112,6 +113,14 @@ def test_closed_loop_is_exact_and_keeps_concurrency(concurrency: int) -> None:
     assert len(finished) == len(PROMPTS)
     assert result.stats.max_verify_batch == min(concurrency, len(PROMPTS))  # in-flight batching
     assert result.stats.acceptance_rate == 1.0
+
+
+def test_closed_loop_takes_each_prompt_s_max_tokens() -> None:
+    lengths = [3, 7, 1, 5, 2]
+    result = run_closed_loop(
+        spec_engine(tiny_engine(0), None), PROMPTS, concurrency=2, max_tokens=lengths, num_draft_tokens=0
+    )
+    assert [len(t) for t in result.token_ids] == lengths
 
 
 def test_row_fields_and_identity_check() -> None:
@@ -338,18 +347,42 @@ def test_bad_sampling_flags_are_refused_before_loading() -> None:
 
 @pytest.mark.parametrize("grammar_drafts", [True, False])
 def test_main_runs_the_json_workload_guided_and_unguided(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], grammar_drafts: bool
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, grammar_drafts: bool
 ) -> None:
-    """Schema-guided prompts (json) and the same unguided (json_free): every arm, plain's tokens."""
-    argv = ["--config", str(tiny_pair(tmp_path, same_weights=False)), "--workloads", "json,json_free"]
-    argv += ["--concurrency", "1", "--k", "2", "--drafters", "model", "--arms", "fixed", "--num-prompts", "2"]
+    """Schema-guided prompts (json) and the same unguided (json_free): every arm, plain's tokens; each
+    unguided request stops at its guided answer's length, so guided_vs_unguided compares equal work."""
+    lengths: dict[str, list[list[int]]] = {}
+    original_run = Bench.run
+
+    def run(self: Bench, arm: Arm, **kw: Any) -> LoopResult:
+        result = original_run(self, arm, **kw)
+        lengths.setdefault(kw["load"].name, []).append([len(t) for t in result.token_ids])
+        return result
+
+    monkeypatch.setattr(Bench, "run", run)
+    argv = ["--config", str(tiny_pair(tmp_path, same_weights=False)), "--workloads", "json_free,json"]
+    argv += ["--concurrency", "1", "--k", "2", "--drafters", "model", "--arms", "fixed", "--num-prompts", "3"]
     argv += ["--max-tokens", "24", "--json", "--threads", "1"]
     assert main(argv + ([] if grammar_drafts else ["--no-grammar-drafts"])) == 0
     runs = [r for r in map(json.loads, capsys.readouterr().out.splitlines()) if r["row"] == "run"]
     assert [(r["workload"], r["arm"]) for r in runs] == [
         (w, a) for w in ("json", "json_free", "all") for a in ("plain", "model-k2")
-    ]
+    ]  # json first whatever the order asked: json_free takes its lengths
     assert all(r["identical_to_plain"] is True for r in runs if r["arm"] == "model-k2")
-    # unguided requests run to max_tokens (no end ids in the bench); guided ones end with their JSON
-    free = {r["arm"]: r["tokens"] for r in runs if r["workload"] == "json_free"}
-    assert free == {"plain": 2 * 24, "model-k2": 2 * 24}
+    guided_lengths = lengths["json"][0]
+    assert all(run == guided_lengths for run in lengths["json"] + lengths["json_free"])
+    guided = {r["arm"]: r for r in runs if r["workload"] == "json"}
+    for r in runs:
+        if r["workload"] == "json_free":
+            assert r["tokens"] == guided[r["arm"]]["tokens"] == sum(guided_lengths)
+            assert r["guided_vs_unguided"] == pytest.approx(guided[r["arm"]]["tok_s"] / r["tok_s"], rel=1e-3)
+
+
+def test_json_free_alone_runs_to_max_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a json run to take lengths from, unguided requests make --max-tokens each."""
+    argv = ["--config", str(tiny_pair(tmp_path, same_weights=False)), "--workloads", "json_free"]
+    argv += ["--concurrency", "1", "--k", "2", "--drafters", "model", "--arms", "fixed", "--num-prompts", "2"]
+    assert main([*argv, "--max-tokens", "12", "--json", "--threads", "1"]) == 0
+    runs = [r for r in map(json.loads, capsys.readouterr().out.splitlines()) if r["row"] == "run"]
+    assert {r["arm"]: r["tokens"] for r in runs} == {"plain": 2 * 12, "model-k2": 2 * 12}
+    assert all("guided_vs_unguided" not in r for r in runs)

@@ -48,8 +48,12 @@ class Bench:
         checkpoint = load_checkpoint(resolve_checkpoint(config.target.checkpoint, "target.checkpoint"))
         self.target = build_engine(self.config.target, "target", self.config.scheduler, checkpoint)
         self.drafters = DrafterPool(self.config, checkpoint, self.target)
-        # one grammar cache for every arm, as one serving process has (no end ids: see engine())
-        self.grammars = GrammarCompiler(self.tokenizer.backend, frozenset(), self.target.vocab_size)
+        # one grammar cache for every arm, as one serving process has. Guided requests end as served
+        # ones do: the complete grammar allows only the end token, which they emit (and count); with
+        # no end id a complete grammar took one more round to notice, and cut the draft completing it
+        vocab = self.target.vocab_size
+        self.grammars = GrammarCompiler(self.tokenizer.backend, self.tokenizer.eos_ids, vocab)
+        self.guided_end_id = min((i for i in self.tokenizer.eos_ids if i < vocab), default=None)
         # the target's time in its kernels per forward (the memory rows' host time per token)
         self.clock = KernelClock()
         self.target.model.kernel_clock = self.clock
@@ -82,7 +86,7 @@ class Bench:
             encode=tokenizer.encode,
             make_text_tracker=lambda stop: StopTextTracker(tokenizer, stop),
             eos_ids=frozenset(),  # fixed-length outputs: every arm does the same work
-            # guided requests (the json workload) end where their grammar is complete
+            # guided requests (the json workload) end where their grammar is complete (guided_end_id)
             grammars=self.grammars,
         )
         if arm.adaptive:
@@ -105,12 +109,13 @@ class Bench:
             engine,
             load.prompts,
             concurrency=concurrency,
-            max_tokens=max_tokens,
+            max_tokens=load.max_tokens or max_tokens,
             num_draft_tokens=arm.k,
             on_finish=on_finish,
             sampling=self.sampling,
             seeds=self._seeds_of(load.name, len(load.prompts)) if self.sampling else None,
             guides=load.guides,
+            guided_end_id=self.guided_end_id,
         )
         result.kernel_forwards = list(self.clock.forwards)
         return result
@@ -143,6 +148,7 @@ class Bench:
                 num_draft_tokens=arm.k,
                 sampling=self.sampling,
                 guides=load.warmup_guides,
+                guided_end_id=self.guided_end_id,
             )
             controller = engine.scheduler.controller
             if controller is None or controller.warm:

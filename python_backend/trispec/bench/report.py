@@ -239,6 +239,15 @@ class Reporter:
                     {True: "yes", False: "NO", None: ""}[r["identical_to_plain"]],
                 )
             self.out.print(table)
+            ratios = [r for r in rows if r["workload"] == workload and r.get("guided_vs_unguided")]
+            if ratios:
+                each = ", ".join(
+                    f"{r['arm']} @{r['concurrency']} {r['guided_vs_unguided']:.2f}x" for r in ratios
+                )
+                self.out.print(
+                    "guided (json) over unguided tok/s, each unguided request as long as its guided "
+                    f"answer: {each}"
+                )
             for r in rows:
                 if r["workload"] == workload and "ours_vs_this" in r:
                     best = ", ".join(f"{a} {v:.2f}x" for a, v in r["ours_vs_this"].items())

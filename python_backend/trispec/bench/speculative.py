@@ -23,6 +23,7 @@ Not a test: these machines are noisy; ratios measured in one run are what count.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 from pathlib import Path
@@ -215,11 +216,15 @@ def _sweep(
     hf: dict[str, HFResult] | None,
     max_k: int,
 ) -> list[dict[str, Any]]:
-    """Every workload, arm and concurrency: warm-up, the point's runs, a row each."""
+    """Every workload, arm and concurrency: warm-up, the point's runs, a row each. ``json`` runs before
+    ``json_free``, whose requests then stop at their guided answers' lengths (guided_vs_unguided)."""
     rows: list[dict[str, Any]] = []
     total = len(loads) * len(concurrencies) * len(arms) * args.num_prompts * args.repeats
+    guided_lengths: list[int] | None = None
     with reporter.progress(total) as progress:
-        for load in loads:
+        for load in sorted(loads, key=lambda w: w.name == "json_free"):
+            if load.name == "json_free" and guided_lengths is not None:
+                load = dataclasses.replace(load, max_tokens=guided_lengths)
             for arm in arms:
                 bench.warm_up(arm, load)
             for concurrency in concurrencies:
@@ -238,11 +243,27 @@ def _sweep(
                     r = row(load.name, concurrency, arm, result, plain)
                     if arm.name == PLAIN:
                         plain = r
+                    if load.name == "json_free" and load.max_tokens is not None:
+                        r["guided_vs_unguided"] = _guided_vs_unguided(rows, r)
                     rows.append(r)
                     reporter.run_row(r)
+                if load.name == "json" and guided_lengths is None:
+                    # the same for every arm and batch (greedy or seeded): the first run's lengths
+                    guided_lengths = [max(1, len(t)) for t in runs[arms[0].name][0].token_ids]
             if hf is not None:
                 rows += reporter.hf_rows(load.name, hf[load.name], rows, max_k)
     return rows
+
+
+def _guided_vs_unguided(rows: list[dict[str, Any]], unguided: dict[str, Any]) -> float | None:
+    """The ``json`` row's tok/s over this ``json_free`` row's (same arm and concurrency)."""
+    for r in rows:
+        if r["workload"] == "json" and (r["arm"], r["concurrency"]) == (
+            unguided["arm"],
+            unguided["concurrency"],
+        ):
+            return round(r["tok_s"] / unguided["tok_s"], 4)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,9 @@ model's chat template to ``Prompt.text``):
 
 ``json`` (kind ``json``) and ``json_free``
     Schema-guided prompts built in ``json_workload`` (subjects x schemas), each request guided by its
-    schema; ``json_free``: the same prompts unguided (guided vs unguided decoding).
+    schema; ``json_free``: the same prompts unguided (guided vs unguided decoding). Run in one bench,
+    each ``json_free`` request stops at its guided answer's length (``Workload.max_tokens``): the same
+    work, so the comparison measures what the grammar costs, not that guided answers are shorter.
 
 For every workload the pool is in file order and ``load`` draws ``n`` of it without replacement with
 ``random.Random(seed)``: the same seed gives the same list in the same order.
@@ -247,6 +249,8 @@ class Workload:
     # each timed / warm-up prompt's guide (the json workload), None: unguided
     guides: list[Guide | None] | None = None
     warmup_guides: list[Guide | None] | None = None
+    # each timed prompt's output length (json_free: its guided answer's); None: the bench's --max-tokens
+    max_tokens: list[int] | None = None
 
 
 def load_workloads(
