@@ -22,6 +22,14 @@ from trispec.request import GenerationRequest
 from trispec.sequence import FinishReason
 
 STR = {"type": "string", "maxLength": 5}
+# a structural tag: one call of w with a city, after the trigger <fn= in free text
+CITY_ONLY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+TAG = {"structures": [{"begin": "<fn=w>", "schema": CITY_ONLY, "end": "</fn>"}], "triggers": ["<fn="]}
 SCHEMAS: list[dict] = [
     {  # nested objects, optional fields
         "type": "object",
@@ -233,6 +241,28 @@ def test_a_dead_end_ends_with_a_clear_reason_and_no_nan() -> None:
         (Guide("regex", "a[b"), "guided_decoding_guide", "unclosed character class"),
         (Guide("ebnf_grammar", 'root ::= "a" missing'), "guided_decoding_guide", "missing"),
         (Guide("json_schema", "[1, 2]", field="response_format"), "response_format", "JSON object"),
+        (Guide("structural_tag", "{not json"), "guided_decoding_guide", "structural tag is not valid JSON"),
+        (
+            Guide("structural_tag", '{"structures": [], "triggers": ["<f"]}'),
+            "guided_decoding_guide",
+            "non-empty",
+        ),
+        (
+            Guide(
+                "structural_tag",
+                json.dumps({"structures": [{"begin": "<g>", "end": ""}], "triggers": ["<f"]}),
+            ),
+            "guided_decoding_guide",
+            "starts with none of the triggers",
+        ),
+        (
+            Guide(
+                "structural_tag",
+                json.dumps(TAG | {"structures": [{"begin": "<fn=", "schema": 3, "end": ""}]}),
+            ),
+            "guided_decoding_guide",
+            "schema object",
+        ),
     ],
 )
 def test_a_bad_guide_is_refused_before_admission_naming_the_field(
@@ -243,6 +273,36 @@ def test_a_bad_guide_is_refused_before_admission_naming_the_field(
         llm.add_request(GenerationRequest(prompt="go", guide=guide), tokenize_later=True)
     assert info.value.field == field and reason in info.value.message
     assert not llm.has_work()
+
+
+def test_a_structural_tag_constrains_the_text_after_its_trigger_only() -> None:
+    tok = byte_tokenizer()
+    compiled = GrammarCompiler(tok.backend, tok.eos_ids, 320).compile(
+        Guide("structural_tag", json.dumps(TAG))
+    )
+
+    def allowed(text: str) -> int:
+        """How many of the text's tokens the grammar takes from its start."""
+        return compiled.new_matcher().validate_tokens(tok.encode(text, add_bos=False))
+
+    for text in ('hi <fn=w>{"city":"Oslo"}</fn> and after, <b>any</b> text {x}', "no call at all"):
+        assert allowed(text) == len(tok.encode(text, add_bos=False)), text
+    # (taken, refused): the text the grammar takes, then one it refuses from the refused part's start
+    for taken, refused in (
+        ('ok <fn=w>{"', "town"),  # a key the schema does not have
+        ("ok <fn=", "x>"),  # the begin after its trigger is forced
+        ('ok <fn=w>{"city":"Oslo"}</', "x>"),  # then the end
+        ('ok <fn=w>{"city":"toolongn', 'ame"'),  # maxLength 8
+    ):
+        assert allowed(taken + refused) == len(tok.encode(taken, add_bos=False)), (taken, refused)
+
+
+def test_a_structural_tag_gives_the_same_text_whatever_the_drafter() -> None:
+    guide = Guide("structural_tag", json.dumps(TAG))
+    texts = {
+        name: _one(guide, drafter=d, max_tokens=40)[0] for name, d in (("model", "model"), ("none", None))
+    }
+    assert len(set(texts.values())) == 1, texts
 
 
 def test_an_unknown_guide_type_is_refused() -> None:

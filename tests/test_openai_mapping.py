@@ -151,8 +151,12 @@ def test_structure_of_maps_response_format_and_tools() -> None:
         "arguments": '{"city": "Oslo", "unit": "c"}',
     }
     assert structure_of(None, [WEATHER], "auto", "{{ '<tool_call>' }}").tools.mode == "tagged"  # type: ignore[union-attr]
+    tag = {"structures": [{"begin": "<f=w>", "schema": CITY, "end": "</f>"}], "triggers": ["<f="]}
+    tagged = structure_of({"type": "structural_tag", **tag}, None, None, "")
+    assert (tagged.guide_type, json.loads(tagged.guide or "")) == ("structural_tag", tag)
     for format_, tools, choice, param in (
         ({"type": "xml"}, None, None, "response_format"),
+        ({"type": "structural_tag", "structures": {}}, None, None, "response_format"),
         (None, [WEATHER], "auto", "tool_choice"),  # SmolLM2's template has no tool calls
         (None, [WEATHER], {"type": "function", "function": {"name": "nope"}}, "tool_choice"),
         (None, [{"type": "function"}], "required", "tools"),

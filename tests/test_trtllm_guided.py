@@ -80,3 +80,13 @@ def test_a_guided_request_asking_for_drafts_is_refused_saying_why(tmp_path: Path
         llm.add_request(GenerationRequest(prompt="x", num_draft_tokens=4, guide=GUIDE))
     assert refused.value.field == "num_draft_tokens"
     assert "masks only the first row of a verify pass" in refused.value.message
+
+
+def test_a_structural_tag_is_refused_before_it_reaches_the_runtime(tmp_path: Path, trtllm_bindings) -> None:  # type: ignore[no-untyped-def]
+    """TensorRT-LLM's C++ runtime refuses kSTRUCTURAL_TAG (batch_manager/xgrammarFactory.cpp): say so."""
+    llm = _engine(tmp_path, _tokenizer())
+    tag = '{"structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}], "triggers": ["<f>"]}'
+    with pytest.raises(InvalidInputError) as refused:
+        llm.add_request(GenerationRequest(prompt="x", num_draft_tokens=0, guide=Guide("structural_tag", tag)))
+    assert refused.value.field == "guided_decoding_guide_type" and "kSTRUCTURAL_TAG" in refused.value.message
+    assert not llm.has_work() and not trtllm_bindings.Executor.enqueued

@@ -1,7 +1,8 @@
 """OpenAI's structured output and tools → the model's guided-decoding tensors, and text → ``tool_calls``.
 
 * ``response_format`` ``json_object``: any JSON object; ``json_schema``: its ``schema`` (strict or not,
-  the schema is always enforced: every token is masked by it).
+  the schema is always enforced: every token is masked by it); ``structural_tag``: free text in which
+  each structure (``begin``, ``schema``, ``end``) after one of its ``triggers`` is constrained.
 * ``tools`` with ``tool_choice`` ``"required"``: the answer is ``{"name": ..., "arguments": {...}}`` for
   one of the tools, constrained to that tool's ``parameters``; a named function
   (``{"type": "function", "function": {"name": ...}}``): the answer is that function's arguments.
@@ -104,7 +105,16 @@ def _response_format(response_format: dict[str, Any]) -> Structure:
                 "response_format.json_schema.schema: must be a JSON Schema object", "response_format"
             )
         return Structure("json_schema", json.dumps(schema))
-    raise unsupported("response_format", f"type must be text, json_object or json_schema, got {kind!r}")
+    if kind == "structural_tag":  # vLLM's and trtllm-serve's: the structures and their triggers
+        spec = {k: response_format.get(k) for k in ("structures", "triggers")}
+        if not isinstance(spec["structures"], list) or not isinstance(spec["triggers"], list):
+            raise invalid(
+                "response_format: a structural_tag needs structures and triggers lists", "response_format"
+            )
+        return Structure("structural_tag", json.dumps(spec))
+    raise unsupported(
+        "response_format", f"type must be text, json_object, json_schema or structural_tag, got {kind!r}"
+    )
 
 
 def structure_of(

@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     parser.add_argument(
         "--guide-type",
-        choices=["json", "json_schema", "regex", "ebnf_grammar"],
+        choices=["json", "json_schema", "regex", "ebnf_grammar", "structural_tag"],
         help="structured output: the answer follows --guide (docs/openai.md#structured-output)",
     )
     parser.add_argument("--guide", default="", help="the JSON schema, regex or grammar (none for json)")

@@ -78,8 +78,50 @@ class _TokenTexts:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def grammar_text(guide: Guide) -> str:
-    """The guide as an llguidance grammar; raises ``InvalidInputError`` naming the guide's field."""
+def structural_tag_grammar(text: str, field: str, special: frozenset[str] = frozenset()) -> str:
+    """A structural tag (``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``) as a Lark
+    grammar (llguidance's ``StructTag``): any text, in which a trigger starts its structure's begin,
+    then JSON valid against its schema, then its end. A ``<...>`` trigger that is one of the tokenizer's
+    ``special`` tokens is matched as that token (as a model emits it), any other as text."""
+    spec = json.loads(text)
+    if not isinstance(spec, dict):
+        raise InvalidInputError(
+            field, "the structural tag must be a JSON object with structures and triggers"
+        )
+    structures, triggers = spec.get("structures"), spec.get("triggers")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise InvalidInputError(
+            field, "structural tag: triggers must be a non-empty list of non-empty strings"
+        )
+    if not isinstance(structures, list) or not structures:
+        raise InvalidInputError(field, "structural tag: structures must be a non-empty list")
+    tags = []
+    for i, structure in enumerate(structures):
+        begin, end = (structure.get(k) if isinstance(structure, dict) else None for k in ("begin", "end"))
+        schema = structure.get("schema", {"type": "object"}) if isinstance(structure, dict) else None
+        if not isinstance(begin, str) or not isinstance(end, str) or not isinstance(schema, dict):
+            raise InvalidInputError(
+                field,
+                f"structural tag: structures[{i}] must have a begin and an end string and a schema object",
+            )
+        trigger = next((t for t in triggers if begin.startswith(t)), None)
+        if trigger is None:
+            raise InvalidInputError(
+                field, f"structural tag: structures[{i}].begin {begin!r} starts with none of the triggers"
+            )
+        tags.append(llguidance.StructTag(trigger=trigger, begin=begin, grammar=schema, end=end))
+    bracketed = [t for t in triggers if t.startswith("<") and t.endswith(">")]
+    return llguidance.StructTag.to_grammar(tags, assume_special=bool(bracketed) and set(bracketed) <= special)
+
+
+def special_tokens(backend: tokenizers.Tokenizer) -> frozenset[str]:
+    """The tokenizer's special tokens' texts (a structural tag's ``<...>`` triggers among them)."""
+    return frozenset(t.content for t in backend.get_added_tokens_decoder().values() if t.special)
+
+
+def grammar_text(guide: Guide, special: frozenset[str] = frozenset()) -> str:
+    """The guide as an llguidance grammar; raises ``InvalidInputError`` naming the guide's field.
+    ``special``: the tokenizer's special tokens (``special_tokens``), for structural tags."""
     try:
         if guide.kind == "json":  # TensorRT-LLM's "json": xgrammar's built-in JSON (object or array)
             return llguidance.LLMatcher.grammar_from_json_schema(
@@ -94,10 +136,13 @@ def grammar_text(guide: Guide) -> str:
             return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         if guide.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(guide.text)
+        if guide.kind == "structural_tag":
+            return structural_tag_grammar(guide.text, guide.field, special)
         return llguidance.grammar_from("grammar", guide.text)  # ebnf_grammar: GBNF or Lark
     except json.JSONDecodeError as exc:
-        raise InvalidInputError(guide.field, f"the JSON schema is not valid JSON: {exc}") from exc
-    except (ValueError, TypeError, RuntimeError) as exc:
+        what = "structural tag" if guide.kind == "structural_tag" else "JSON schema"
+        raise InvalidInputError(guide.field, f"the {what} is not valid JSON: {exc}") from exc
+    except (ValueError, TypeError, RuntimeError, AssertionError) as exc:
         if isinstance(exc, InvalidInputError):
             raise
         raise InvalidInputError(guide.field, f"invalid {guide.kind}: {exc}") from exc
@@ -112,6 +157,7 @@ class GrammarCompiler:
         cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> None:
         self._backend, self._eos_ids = backend, eos_ids
+        self._special = special_tokens(backend)
         self._tokenizer: Any = None  # llguidance's view of it, made on the first guided request
         self._unusable: str | None = None
         self.vocab_size = vocab_size
@@ -145,7 +191,7 @@ class GrammarCompiler:
             if hit is not None:
                 self._cache.move_to_end(digest)
                 return hit
-        grammar = grammar_text(guide)
+        grammar = grammar_text(guide, self._special)
         error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
             raise InvalidInputError(guide.field, f"invalid {guide.kind}: {error.strip()}")

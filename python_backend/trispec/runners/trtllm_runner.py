@@ -29,6 +29,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from trispec.drafters.base import Drafter
 from trispec.runners.trtllm_drafting import NO_END_ID, Draft, TrtllmDrafting
@@ -129,6 +130,13 @@ class TrtllmSpecRunner:
 
     def can_admit(self, token_ids: Sequence[int], num_draft_tokens: int = 0, cache_salt: str = "") -> bool:
         return len(token_ids) + num_draft_tokens <= self._max_context and len(self._seqs) < self._max_batch
+
+    # guide types refused before admission, with the reason
+    guide_refusals: ClassVar[dict[str, str]] = {
+        "structural_tag": "structural_tag is not served on TensorRT-LLM's C++ runtime: its xgrammar "
+        "backend refuses kSTRUCTURAL_TAG (cpp/tensorrt_llm/batch_manager/xgrammarFactory.cpp, "
+        "XGrammarMatcherFactory::Create)"
+    }
 
     @property
     def guided_drafts(self) -> bool:

@@ -102,6 +102,9 @@ class Intake:
             return None
         if self.grammars is None:
             raise InvalidInputError(request.guide.field, "guided decoding is not served by this engine")
+        refusal = getattr(self.runner, "guide_refusals", {}).get(request.guide.kind)
+        if refusal is not None:
+            raise InvalidInputError("guided_decoding_guide_type", refusal)
         if request.num_draft_tokens and not getattr(self.runner, "guided_drafts", False):
             # TensorRT-LLM 1.2.x: its GuidedDecoder masks one logits row per request and advances
             # the matcher by the last token only (batch_manager/guidedDecoder.cpp, build/execute)

@@ -235,8 +235,9 @@ def parse_inputs(
     )
 
 
-# the guide types of NVIDIA's model (tensorrt_llm/1/model.py get_guided_decoding_params_from_request)
-TENSOR_GUIDE_TYPES = GUIDE_TYPES[:4]
+# the guide types of NVIDIA's model (tensorrt_llm/1/model.py get_guided_decoding_params_from_request),
+# and structural_tag (TensorRT-LLM's GuideType STRUCTURAL_TAG, which that model does not map)
+TENSOR_GUIDE_TYPES = GUIDE_TYPES[:5]
 
 
 def _guide(get: GetInput) -> Guide | None:
