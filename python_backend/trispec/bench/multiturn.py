@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from trispec.bench.llama_server import LlamaServer, Reply
 from trispec.bench.workloads import _code, _read_humaneval, _read_sharegpt, humaneval_path, sharegpt_path
 from trispec.config import SpecDecConfig
+from trispec.errors import InvalidInputError
 from trispec.request import GenerationRequest
 
 SCENARIOS = ("one-user", "interleaved", "shared-system", "repeat")
@@ -155,7 +156,11 @@ class Conversations:
         return self.turns[(user * 17 + turn) % len(self.turns)]
 
     def prompt(self, messages: list[dict[str, str]]) -> str:
-        return self.tokenizer.apply_chat_template(messages)
+        """The conversation in the model's chat template; a base model without one gets a transcript
+        (each prompt still starts with the previous prompt and its answer)."""
+        if self.tokenizer.info.chat_template is not None:
+            return self.tokenizer.apply_chat_template(messages)
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
 
 def run_scenario(
@@ -293,12 +298,33 @@ def run(args: Any, config: SpecDecConfig) -> int:
     try:
         for scenario in SCENARIOS:
             for system in systems:
-                for row in run_scenario(
-                    system, scenario, texts, users=args.users, turns=args.turns, max_tokens=args.max_tokens
-                ):
-                    rows.append(row)
-                    print(json.dumps(row.to_dict()) if args.json else _line(row), flush=True)
-        cold = cold_on_and_off(systems[0], texts, args.max_tokens)  # type: ignore[arg-type]
+                try:
+                    for row in run_scenario(
+                        system,
+                        scenario,
+                        texts,
+                        users=args.users,
+                        turns=args.turns,
+                        max_tokens=args.max_tokens,
+                    ):
+                        rows.append(row)
+                        print(json.dumps(row.to_dict()) if args.json else _line(row), flush=True)
+                except InvalidInputError as exc:  # e.g. a prompt longer than a --kv-cache-mb pool
+                    refused = {"row": "multiturn_refused", "system": system.name, "scenario": scenario}
+                    refused["reason"] = str(exc)
+                    print(
+                        json.dumps(refused) if args.json else f"{system.name} {scenario}: refused: {exc}",
+                        flush=True,
+                    )
+        try:
+            cold = cold_on_and_off(systems[0], texts, args.max_tokens)  # type: ignore[arg-type]
+        except InvalidInputError as exc:
+            cold = {
+                "row": "multiturn_refused",
+                "system": systems[0].name,
+                "scenario": "cold",
+                "reason": str(exc),
+            }
     finally:
         for system in systems:
             system.close()
