@@ -6,10 +6,12 @@ Their distribution as a whole: ``test_accept.py``.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from accept_stats import V, _gen, chi_square_pvalue
-from trispec.accept import AcceptResult, greedy_accept, residual_distribution, speculative_accept
+from trispec.accept import AcceptResult, argmax_rows, greedy_accept, residual_distribution, speculative_accept
 from trispec.sampling import SamplingParams, make_generator, one_hot_probs, sample
 
 
@@ -179,3 +181,18 @@ def test_seeded_generator_reproduces_and_global_rng_is_untouched() -> None:
     # ...and the outcome does depend on the seed.
     gen = make_generator(SamplingParams(temperature=1.0, seed=78))
     assert [speculative_accept(drafts, q, p, gen) for _ in range(200)] != first
+
+
+def test_argmax_rows_is_torch_argmax_ties_masks_strides_and_nan_included() -> None:
+    """The numpy path for CPU float32 rows gives torch.argmax's index in every case it meets."""
+    gen = torch.Generator().manual_seed(3)
+    cases = [torch.randn(1, 151936, generator=gen), torch.randn(9, 49152, generator=gen)]
+    cases.append(torch.randint(0, 3, (16, 64), generator=gen).float())  # many ties: the lowest id wins
+    masked = torch.randn(4, 100, generator=gen)
+    masked[:, ::2] = -math.inf  # a grammar's or a rule's mask
+    cases += [masked, torch.randn(10, 50, generator=gen)[::3], torch.randn(6, 40, generator=gen).T]
+    cases.append(torch.tensor([[1.0, math.nan, 5.0], [math.nan, math.nan, 1.0], [-math.inf] * 3]))
+    for logits in cases:
+        assert argmax_rows(logits) == logits.argmax(dim=-1).tolist()
+    wide = torch.randn(3, 8, generator=gen).double()  # not float32: torch's own argmax
+    assert argmax_rows(wide) == wide.argmax(dim=-1).tolist()

@@ -59,6 +59,15 @@ def accept_matching(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -
     return AcceptResult(num_accepted=n, tokens=[*drafts[:n], targets[n]])
 
 
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax, the lowest id on ties (as torch.argmax). float32 rows on the CPU go through
+    numpy: torch's argmax over a 151,936-token row took ~0.45 ms (a parallel reduction's wake-up),
+    numpy's ~0.02 ms, most of a decoded token's host time on the GGUF path."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return logits.detach().numpy().argmax(axis=-1).tolist()
+    return logits.argmax(dim=-1).tolist()
+
+
 def greedy_accept(draft_tokens: Sequence[int], target_logits: torch.Tensor) -> AcceptResult:
     """Keep drafts while they equal the target argmax; then append the target argmax at the stop.
 
@@ -70,7 +79,7 @@ def greedy_accept(draft_tokens: Sequence[int], target_logits: torch.Tensor) -> A
     _check_rows("target_logits", target_logits, k + 1)
     _check_tokens(drafts, target_logits.shape[1])
     # One argmax over all rows, then plain Python: k is small and .tolist() avoids k tensor syncs.
-    return accept_matching(drafts, target_logits.argmax(dim=-1).tolist())
+    return accept_matching(drafts, argmax_rows(target_logits))
 
 
 def _residual_weights(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 
 import torch
 
+from trispec.accept import argmax_rows
 from trispec.cpu_isa import isa_level
 from trispec.sampling.kept_set import KeptSet, find_kept_sets
 from trispec.sampling.noise import gumbel
@@ -122,7 +123,7 @@ def coupled_tokens(
         tokens = [0] * len(params)
         rows = logits
     else:
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens = argmax_rows(logits)
         if not sampled:
             return tokens
         rows = logits[torch.tensor(sampled, device=logits.device)]
