@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,9 @@ def test_server_serves_an_infer_and_stops_cleanly(options: ServerOptions) -> Non
     server.start()
     try:
         assert server.wait_ready(60)
+        # ready means scrapeable too: Triton's metrics service starts after its HTTP one
+        with urllib.request.urlopen(server.metrics_url, timeout=5) as metrics:
+            assert metrics.status == 200 and b"nv_inference_count" in metrics.read()
         stubs = server.stubs()
         assert sorted(s.instance for s in stubs) == ["echo_0_0", "stream_0_0"]
         assert shm_files(server.shm_prefix), "the Python backend should use the launch's shm prefix"

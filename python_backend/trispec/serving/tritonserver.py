@@ -115,6 +115,9 @@ class TritonServer:
         self.install = install or TritonInstallation.locate()
         self.shm_prefix = shm_prefix()
         self.ready_url = f"http://{probe_host(options.host)}:{options.http_port}/v2/health/ready"
+        # Triton starts its metrics service after the HTTP one (~40 ms later, seen under load): a
+        # client told "ready" may scrape at once
+        self.metrics_url = f"http://{probe_host(options.host)}:{options.metrics_port}/metrics"
         self._process: subprocess.Popen[bytes] | None = None
         self._backend_dir: Path | None = None
         # each serving loop's heartbeat file is here (see HEARTBEAT_DIR_ENV); made by start()
@@ -166,7 +169,7 @@ class TritonServer:
         return is_ready(self.ready_url, timeout_s)
 
     def wait_ready(self, timeout_s: float, should_stop: Callable[[], bool] = lambda: False) -> bool:
-        """Poll readiness until ready (True) or ``should_stop()`` (False).
+        """Poll readiness, and the metrics endpoint, until both answer (True) or ``should_stop()`` (False).
 
         Raises TritonServerError with the server's last log lines if it exits first, or on timeout.
         """
@@ -175,7 +178,7 @@ class TritonServer:
             code = self.poll()
             if code is not None:
                 raise TritonServerError(f"tritonserver exited with code {code} before ready{self._tail()}")
-            if self.is_ready():
+            if self.is_ready() and is_ready(self.metrics_url):
                 restrict_shm(self.shm_prefix)
                 return True
             if time.monotonic() > deadline:
