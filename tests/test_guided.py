@@ -290,6 +290,7 @@ def test_a_structural_tag_constrains_the_text_after_its_trigger_only() -> None:
     # (taken, refused): the text the grammar takes, then one it refuses from the refused part's start
     for taken, refused in (
         ('ok <fn=w>{"', "town"),  # a key the schema does not have
+        ("ok <fn=w>{", ' "city"'),  # compact JSON, as for json_schema guides
         ("ok <fn=", "x>"),  # the begin after its trigger is forced
         ('ok <fn=w>{"city":"Oslo"}</', "x>"),  # then the end
         ('ok <fn=w>{"city":"toolongn', 'ame"'),  # maxLength 8

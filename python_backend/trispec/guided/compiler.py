@@ -109,6 +109,8 @@ def structural_tag_grammar(text: str, field: str, special: frozenset[str] = froz
             raise InvalidInputError(
                 field, f"structural tag: structures[{i}].begin {begin!r} starts with none of the triggers"
             )
+        # compact JSON, as for json_schema guides (a schema's own x-guidance options win)
+        schema = {"x-guidance": JSON_OPTIONS, **schema}
         tags.append(llguidance.StructTag(trigger=trigger, begin=begin, grammar=schema, end=end))
     bracketed = [t for t in triggers if t.startswith("<") and t.endswith(">")]
     return llguidance.StructTag.to_grammar(tags, assume_special=bool(bracketed) and set(bracketed) <= special)
