@@ -310,8 +310,7 @@ def run(args: Any, config: SpecDecConfig) -> int:
                         rows.append(row)
                         print(json.dumps(row.to_dict()) if args.json else _line(row), flush=True)
                 except InvalidInputError as exc:  # e.g. a prompt longer than a --kv-cache-mb pool
-                    refused = {"row": "multiturn_refused", "system": system.name, "scenario": scenario}
-                    refused["reason"] = str(exc)
+                    refused = _refused(system.name, scenario, exc)
                     print(
                         json.dumps(refused) if args.json else f"{system.name} {scenario}: refused: {exc}",
                         flush=True,
@@ -319,18 +318,18 @@ def run(args: Any, config: SpecDecConfig) -> int:
         try:
             cold = cold_on_and_off(systems[0], texts, args.max_tokens)  # type: ignore[arg-type]
         except InvalidInputError as exc:
-            cold = {
-                "row": "multiturn_refused",
-                "system": systems[0].name,
-                "scenario": "cold",
-                "reason": str(exc),
-            }
+            cold = _refused(systems[0].name, "cold", exc)
     finally:
         for system in systems:
             system.close()
     for s in [*summary(rows), cold]:
         print(json.dumps(s) if args.json else "  ".join(f"{k}={v}" for k, v in s.items()), flush=True)
     return 0
+
+
+def _refused(system: str, scenario: str, exc: InvalidInputError) -> dict[str, Any]:
+    """A scenario the system refused (a prompt longer than the pool): its row, the reason."""
+    return {"row": "multiturn_refused", "system": system, "scenario": scenario, "reason": str(exc)}
 
 
 def _line(row: TurnRow) -> str:

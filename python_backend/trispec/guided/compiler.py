@@ -97,8 +97,10 @@ def structural_tag_grammar(text: str, field: str, special: frozenset[str] = froz
         raise InvalidInputError(field, "structural tag: structures must be a non-empty list")
     tags = []
     for i, structure in enumerate(structures):
-        begin, end = (structure.get(k) if isinstance(structure, dict) else None for k in ("begin", "end"))
-        schema = structure.get("schema", {"type": "object"}) if isinstance(structure, dict) else None
+        if not isinstance(structure, dict):
+            structure = {}
+        begin, end = structure.get("begin"), structure.get("end")
+        schema = structure.get("schema", {"type": "object"})
         if not isinstance(begin, str) or not isinstance(end, str) or not isinstance(schema, dict):
             raise InvalidInputError(
                 field,
