@@ -145,23 +145,29 @@ def test_a_request_waiting_past_max_queue_delay_is_refused_retryably() -> None:
     metrics = RecordingMetrics()
     engine = spec_engine(tiny_engine(0), None, max_batch_size=1)
     loop = ServingLoop(engine, metrics, QueueLimits(max_queue_delay_s=5.0))
-    running, waiting = RecordingSink(), RecordingSink()
+    running, waiting, late = RecordingSink(), RecordingSink(), RecordingSink()
     submit(loop, "first", running, max_tokens=6)
     submit(loop, "second", waiting, max_tokens=6)
-    engine.step()  # admits the first; the batch holds one
-    assert engine.queued_request_ids() == [1]
     for state in loop._live.values():
-        state.submitted_at -= 10  # both were sent 10 s ago: only the one still waiting is refused
+        state.submitted_at -= 10  # sent 10 s ago, but no step has run since (a long step, a loaded host)
+    loop._expire_waiting()
+    assert not waiting.done.is_set() and not running.done.is_set() and metrics.rejections == []
+    engine.step()  # admits the first; the batch holds one
+    submit(loop, "third", late, max_tokens=6)  # arrives during the step: no admission pass has seen it
+    assert engine.queued_request_ids() == [1, 2] and engine.passed_over_request_ids() == [1]
+    for state in loop._live.values():
+        state.submitted_at -= 10  # all were sent 10 s ago: only the one a step passed over is refused
     loop._expire_waiting()
     assert waiting.done.is_set() and waiting.error_kinds == ["unavailable"]
     assert "scheduler.max_queue_delay_s" in waiting.errors[0]
-    assert metrics.rejections == ["queue_timeout"] and not running.done.is_set()
+    assert metrics.rejections == ["queue_timeout"] and not running.done.is_set() and not late.done.is_set()
+    loop._live[2].submitted_at += 10  # sent now: it waits its turn behind the first and is served
     loop.start()
     try:
-        wait(running)
+        wait(running, late)
     finally:
         loop.stop()
-    assert running.final["finish_reason"][0, 0] == b"length"
+    assert running.final["finish_reason"][0, 0] == late.final["finish_reason"][0, 0] == b"length"
     assert engine.queued_request_ids() == []
 
 

@@ -50,6 +50,11 @@ class LLMEngine:
         """Requests waiting for a slot in the running batch (or not yet seen by a step), oldest first."""
         return self.scheduler.queued_ids()
 
+    def passed_over_request_ids(self) -> list[int]:
+        """Queued requests a step has seen and could not admit (the batch or the KV pool is full):
+        the ones ``scheduler.max_queue_delay_s`` refuses."""
+        return self.scheduler.passed_over_ids()
+
     # -- state for metrics ----------------------------------------------------------------------
     @property
     def stats(self) -> EngineStats:

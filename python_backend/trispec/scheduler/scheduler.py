@@ -64,6 +64,13 @@ class Scheduler(Intake, Admission):
             inbox = [s.seq_id for s in self._inbox] + [entry[0] for entry in self._untokenized]
             return [s.seq_id for s in self.waiting if not s.preemptions] + sorted(inbox)
 
+    def passed_over_ids(self) -> list[int]:
+        """Requests an admission pass has seen and left waiting for a slot (not preempted ones),
+        oldest first. One still in the inbox has had no chance yet: a long step delays it, not a
+        full batch."""
+        with self._lock:
+            return [s.seq_id for s in self.waiting if not s.preemptions]
+
     def has_work(self) -> bool:
         with self._lock:
             return bool(

@@ -228,7 +228,9 @@ class ServingLoop:
                 logger.exception("expiring waiting requests failed")
 
     def _expire_waiting(self) -> None:
-        """Refuse (retryable) every request that waited for a slot longer than max_queue_delay_s."""
+        """Refuse (retryable) every request that waited for a slot longer than max_queue_delay_s.
+        Only one a step has passed over: one that arrived during a long step gets its chance at the
+        next (a loaded machine's step may outlast the delay with free slots)."""
         delay = self.limits.max_queue_delay_s
         if delay is None:
             return
@@ -236,7 +238,7 @@ class ServingLoop:
         queued = self.engine.queued_request_ids()
         expired: list[tuple[int, Group]] = []
         with self._lock:
-            for request_id in queued:
+            for request_id in self.engine.passed_over_request_ids():
                 state = self._live.get(request_id)
                 if state is not None and not state.group.ended and now - state.submitted_at > delay:
                     # the whole request is refused: its other sequences too
