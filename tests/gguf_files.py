@@ -67,9 +67,12 @@ def write_gguf(
     sd: dict[str, torch.Tensor],
     *,
     types: Callable[[str], GGMLQuantizationType | None] = lambda name: None,
+    metadata: Callable[[GGUFWriter], None] = lambda writer: None,
 ) -> None:
-    """``sd`` as a GGUF file; ``types(hf_name)`` picks each 2-D tensor's type (None: F32)."""
+    """``sd`` as a GGUF file; ``types(hf_name)`` picks each 2-D tensor's type (None: F32);
+    ``metadata(writer)`` adds more key/values."""
     w = GGUFWriter(str(path), args.arch)
+    metadata(w)
     w.add_block_count(args.num_layers)
     w.add_context_length(args.max_position_embeddings)
     w.add_embedding_length(args.hidden_size)

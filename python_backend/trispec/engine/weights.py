@@ -28,6 +28,7 @@ import torch
 from gguf.quants import dequantize
 
 from trispec.engine.args import ModelArgs
+from trispec.engine.cpu.gguf_linear import decode_rows
 from trispec.engine.cpu.quant_blocks import QuantBlocks
 from trispec.errors import ConfigError
 from trispec.gguf_file import open_gguf
@@ -187,7 +188,8 @@ def dequantize_tensor(tensor: object, values_per_chunk: int = 1 << 18) -> torch.
 def _float_rows(data: np.ndarray, qtype: int, width: int, values_per_chunk: int = 1 << 18) -> np.ndarray:
     """A GGUF tensor's data (or some of its rows) as writable float32 ``[rows, width]``."""
     if data.ndim == 2 and data.dtype == np.uint8:
-        return _dequantize_rows(data, qtype, width, values_per_chunk)
+        decoded = decode_rows(data, qtype, width)
+        return decoded if decoded is not None else _dequantize_rows(data, qtype, width, values_per_chunk)
     array = np.asarray(dequantize(data, qtype), dtype=np.float32).reshape(-1, width)
     # F32/F16 tensors come back as read-only views of the memory-mapped file: copy those.
     return array if array.flags.writeable and array.flags.c_contiguous else array.copy()

@@ -21,6 +21,7 @@ import mmap
 import struct
 from typing import Any
 
+import numpy as np
 import torch
 
 from trispec.cpu_isa import isa_level, q8_level
@@ -238,4 +239,21 @@ def gguf_rows(blocks: QuantBlocks, ids: torch.Tensor) -> torch.Tensor:
         blocks.data.shape[1],
         _GGUF_ISA,
     )
+    return out
+
+
+def decode_rows(rows: np.ndarray, ggml_type: int, columns: int) -> np.ndarray | None:
+    """Every row of a GGUF tensor's blocks (uint8 ``[rows, row bytes]``, C order) as float32
+    ``[rows, columns]``: the values gguf-py's dequantize gives, decoded in C (gguf-py's numpy made
+    most of a model load). None where the kernel cannot: not built, or a type it does not decode."""
+    if _gguf_kernel is None or ggml_type not in GGUF_FORMATS or not rows.flags.c_contiguous:
+        return None
+    values, nbytes = GGUF_FORMATS[ggml_type]
+    if rows.ndim != 2 or columns % values or rows.shape[1] != columns // values * nbytes:
+        return None
+    out = np.empty((rows.shape[0], columns), dtype=np.float32)
+    if rows.shape[0]:
+        _gguf_kernel.dequantize(
+            rows.ctypes.data, ggml_type, 0, rows.shape[0], columns, out.ctypes.data, rows.shape[1], _GGUF_ISA
+        )
     return out
