@@ -1,10 +1,11 @@
 """Greedy exactness on the real SmolLM2-135M-Instruct (fp32 target): speculative output equals the
-target's own greedy output token for token, for every drafter kind and k in {1, 4, 8}.
+target's own greedy output token for token, for a draft model (int8) and n-gram, k in {1, 4, 8}.
 
 Each drafter runs every prompt once, the k's in turn (prompt i with k = KS[(i + d) % 3] for the d-th
 drafter), all batched in flight together: each drafter meets every k on a third of the prompts, and
-every (prompt, k) pair is met by one drafter. (Every drafter on every pair made this file a fifth of
-the suite's test time.)"""
+every prompt meets two of the k's. (Every drafter on every pair made this file a fifth of
+the suite's test time. A bf16 draft model ran too until 2026-11-28: a draft's precision changes what
+it proposes, never what is accepted; test_batch_invariance.py runs bf16 drafts on tiny models.)"""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.real_model
 MAX_TOKENS = 64
 KS = (1, 4, 8)
 # each drafter one k per prompt, in turn from its own offset
-KS_IN_TURN = {"self-int8": 0, "model-bf16": 1, "ngram": 2, "suffix": 1}
+KS_IN_TURN = {"self-int8": 0, "ngram": 2, "suffix": 1}
 PROMPTS = [
     "The capital of France is",
     "Write a Python function that returns the factorial of n.\n\ndef factorial(n):",
@@ -114,7 +115,6 @@ def drafters(target: TorchEngine) -> dict[str, object]:
     # engine's weights come from. SmolLM2 has no smaller sibling, so both use its weights here.
     return {
         "self-int8": _self_draft(weight_quant="int8"),
-        "model-bf16": _self_draft(dtype="bfloat16"),
         "ngram": NgramDrafter(target.vocab_size),
         "suffix": SuffixDrafter(target.vocab_size),
     }
@@ -125,7 +125,7 @@ def k_in_turn(drafter_name: str, n: int) -> int:
     return KS[(n + KS_IN_TURN[drafter_name]) % len(KS)]
 
 
-@pytest.mark.parametrize("drafter_name", ["self-int8", "model-bf16", "ngram"])
+@pytest.mark.parametrize("drafter_name", ["self-int8", "ngram"])
 def test_smollm2_greedy_exact(
     drafter_name: str,
     target: TorchEngine,
@@ -194,7 +194,6 @@ def test_smollm2_seeded_sampling_gives_the_plain_text_whatever_k_drafter_or_batc
     settings = [(i, j) for i in range(8) for j in range(len(SAMPLED))]
     plain = {(i, j): t for (i, j, _), t in run(None, [(i, j, 0) for i, j in settings]).items()}
     assert all(len(t) == 32 for t in plain.values())
-    # (model-bf16 is the same kind of drafter as self-int8: a ModelDrafter)
     for drafter_name in ("self-int8", "ngram", "suffix"):
         cases = [(i, j, k_in_turn(drafter_name, i + j)) for i, j in settings]
         for (i, j, k), tokens in run(drafter_name, cases).items():

@@ -43,6 +43,9 @@ NUCLEUS = {"temperature": 0.7, "top_p": 0.9}
 PENALTIES = {"temperature": 1.3, "repetition_penalty": 1.8, "presence_penalty": 0.8, "frequency_penalty": 0.5}
 # under the null hypothesis a p-value this low has odds 1e-5; the mutated rules score below 1e-9
 PASS, FAIL = 1e-5, 1e-9
+# a mutated rule runs on fewer requests: it fails even so (p below 1e-45 at 750-1000 requests,
+# 2026-11-28), and a harness that sees a bias on fewer requests sees it on N
+MUTANT_N = 1000
 
 
 def engine(seed: int) -> TorchEngine:
@@ -148,7 +151,7 @@ def test_noise_keyed_without_the_position_is_caught(monkeypatch: pytest.MonkeyPa
         "perturbed_argmax",
         lambda scaled, kept, seeds, positions: real(scaled, kept, seeds, [0] * len(seeds)),
     )
-    assert law_p_value(sampled_pairs(4, HOT)[0], expected["hot"]) < FAIL
+    assert law_p_value(sampled_pairs(4, HOT, n=MUTANT_N)[0], expected["hot"]) < FAIL
 
 
 def _shared_noise_pq_round(decodes, drafts, logits, generators, masks=None):  # type: ignore[no-untyped-def]
@@ -186,7 +189,7 @@ def test_the_pq_test_with_the_drafts_noise_is_caught(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(ModelDrafter, "_draw", staticmethod(draw_keeping_q))
     monkeypatch.setattr(torch_runner, "verify_round", _shared_noise_pq_round)
-    counts, acceptance = sampled_pairs(4, HOT, n=1500)  # far from the law: fewer requests show it
+    counts, acceptance = sampled_pairs(4, HOT, n=MUTANT_N * 3 // 4)  # its Python verify is slow
     assert 0.2 < acceptance < 0.95
     assert law_p_value(counts, expected["hot"]) < FAIL
 
@@ -198,7 +201,7 @@ def test_accepting_every_draft_is_caught(monkeypatch: pytest.MonkeyPatch, expect
         "accept_matching",
         lambda drafts, targets: accept.accept_matching(drafts, [*drafts, targets[-1]]),
     )
-    assert law_p_value(sampled_pairs(4, HOT)[0], expected["hot"]) < FAIL
+    assert law_p_value(sampled_pairs(4, HOT, n=MUTANT_N)[0], expected["hot"]) < FAIL
 
 
 @pytest.mark.parametrize("rule", ["coupled", "rejection"])
@@ -215,4 +218,4 @@ def test_a_verifier_that_skips_the_penalties_is_caught(
     monkeypatch: pytest.MonkeyPatch, expected: dict
 ) -> None:
     monkeypatch.setattr(verifier, "apply_rules", lambda logits, *args: logits)
-    assert law_p_value(sampled_pairs(3, PENALTIES)[0], expected["penalised"]) < FAIL
+    assert law_p_value(sampled_pairs(3, PENALTIES, n=MUTANT_N)[0], expected["penalised"]) < FAIL
