@@ -32,8 +32,7 @@ def logits(engine: TorchEngine, ids: list[int]) -> torch.Tensor:
         engine.free(0)
 
 
-def hf_logits(folder: Path, ids: list[int]) -> torch.Tensor:
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+def hf_logits(model: transformers.PreTrainedModel, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float()
 
@@ -46,10 +45,11 @@ def assert_round_trip(source: Path, exported: Path, prompts_ids: list[list[int]]
     out_args, out_sd = load_checkpoint(exported)
     assert out_args == src_args
     assert set(out_sd) == set(src_sd) and all(torch.equal(out_sd[k], src_sd[k]) for k in src_sd)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(exported, torch_dtype=torch.float32)
     for ids in prompts_ids:
         ours = logits(original, ids)
         assert torch.equal(logits(again, ids), ours)
-        ref = hf_logits(exported, ids)
+        ref = hf_logits(hf_model, ids)
         assert float((ref - ours).abs().max() / ours.abs().max()) <= 1e-5
 
 

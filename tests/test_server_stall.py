@@ -54,12 +54,22 @@ def tritonserver_pid(launcher_pid: int) -> int:
 
 
 def test_a_stub_stopped_for_5_s_is_waited_for_and_every_stream_finishes_exact(server: Server) -> None:
-    # what each prompt gets alone, before any stall
-    alone = {}
-    for prompt, values in [(p, LONG) for p in IN_FLIGHT] + [(p, SHORT) for p in ARRIVING]:
-        got = grpc_stream(server, prompt, **values)
-        assert got.error is None and got.final["finish_reason"] == b"length", got
-        alone[prompt] = got.text
+    # what each prompt gets before any stall: all at once (greedy: a text does not depend on what
+    # shares the batch, test_batch_invariance.py), in the time of one
+    before: dict[str, StreamResult] = {}
+    requests = [(p, LONG) for p in IN_FLIGHT] + [(p, SHORT) for p in ARRIVING]
+    runs = [
+        threading.Thread(target=lambda p=p, v=v: before.__setitem__(p, grpc_stream(server, p, **v)))
+        for p, v in requests
+    ]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(150)
+    for prompt, _ in requests:
+        got = before.get(prompt)
+        assert got is not None and got.error is None and got.final["finish_reason"] == b"length", got
+    alone = {prompt: got.text for prompt, got in before.items()}
     server_pid = tritonserver_pid(server.process.pid)
     stubs = find_stubs(server.process.pid)
     assert [s.instance for s in stubs] == ["specdec_0_0"]

@@ -59,7 +59,8 @@ KILLING = ("fault", "failover")
 # -- command line ------------------------------------------------------------------------------------
 SHORT = {
     "streams": 8,
-    "mixed_duration_s": 40.0,
+    # with the other phases the run still lasts memory_min_run_s (40 s) without waiting for it
+    "mixed_duration_s": 25.0,
     "mixed_requests": 200,
     "greedy_checks": 3,
     "cancel_streams": 24,
