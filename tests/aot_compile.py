@@ -10,8 +10,10 @@ its errors and at last its exit status there, which is what the test waits for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,7 +50,10 @@ class Compile:
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+            # the whole group: killing the shell alone left the compile running for minutes after a
+            # session that ended first (--collect-only, -x, Ctrl-C)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -80,7 +85,10 @@ def start() -> Compile:
                    *[f"--arch={a}" for a in _archs()], "--json", str(folder / "variants.json")]  # fmt: skip
         # the exit status is written last, by the shell, once the output files are complete
         script = 'exec 1>"$0/out" 2>"$0/err"; "$@"; echo $? > "$0/status.tmp"; mv "$0/status.tmp" "$0/status"'
-        process = subprocess.Popen(["sh", "-c", script, str(folder), *command], env=env)
+        # a session of its own: stop() ends the shell, the compile and its pool's workers together
+        process = subprocess.Popen(
+            ["sh", "-c", script, str(folder), *command], env=env, start_new_session=True
+        )
         _running = Compile(folder, _archs(), process)
     return _running
 
