@@ -7,8 +7,8 @@ SmolLM2's GGUF) and dequantising its tensors 2x slower (1.5 s -> 0.8 s): every m
 server start paid it. The arrays it hands out are the same bytes of the same map, without the subclass.
 Its arrays were still parsed one value at a time through the generic recursion (an enum, a ``_get`` and
 list concatenation per token): an array of scalars is now read as one array and sliced, an array of
-strings walked in one loop (SmolLM2's GGUF opened in 1.8 s -> ~0.4 s); the fields are the same
-(``tests/test_model_parity.py`` compares every part with gguf's own reader).
+strings walked in one loop (SmolLM2's GGUF opened in 1.8 s -> 0.2 s, Qwen2.5 1.5B's 13.8 s -> 0.8 s);
+the fields are the same (``tests/test_model_parity.py`` compares every part with gguf's own reader).
 """
 
 from __future__ import annotations

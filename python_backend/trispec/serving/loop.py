@@ -234,11 +234,14 @@ class ServingLoop:
         delay = self.limits.max_queue_delay_s
         if delay is None:
             return
+        passed_over = self.engine.passed_over_request_ids()
+        if not passed_over:  # the common tick: nothing waits for a slot
+            return
         now = time.monotonic()
         queued = self.engine.queued_request_ids()
         expired: list[tuple[int, Group]] = []
         with self._lock:
-            for request_id in self.engine.passed_over_request_ids():
+            for request_id in passed_over:
                 state = self._live.get(request_id)
                 if state is not None and not state.group.ended and now - state.submitted_at > delay:
                     # the whole request is refused: its other sequences too

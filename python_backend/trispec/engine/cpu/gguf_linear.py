@@ -48,14 +48,19 @@ REPACKED = {2: 1002, 6: 1006, 8: 1008, 12: 1012, 14: 1014}
 
 def gguf_supported(blocks: QuantBlocks | None) -> bool:
     """Whether the GGUF kernel computes with these blocks (a type it decodes, whole blocks per row)."""
-    if blocks is None or blocks.ggml_type not in GGUF_FORMATS:
-        return False
-    values, nbytes = GGUF_FORMATS[blocks.ggml_type]
     return (
-        blocks.columns % values == 0
+        blocks is not None
         and blocks.columns % 16 == 0
-        and blocks.data.shape[1] == blocks.columns // values * nbytes
+        and _whole_blocks(blocks.ggml_type, blocks.columns, blocks.data.shape[1])
     )
+
+
+def _whole_blocks(ggml_type: int, columns: int, row_bytes: int) -> bool:
+    """Whether the kernel decodes this type and a row of ``row_bytes`` is ``columns`` values of it."""
+    if ggml_type not in GGUF_FORMATS:
+        return False
+    values, nbytes = GGUF_FORMATS[ggml_type]
+    return columns % values == 0 and row_bytes == columns // values * nbytes
 
 
 def require_gguf_kernel() -> Any:
@@ -246,10 +251,9 @@ def decode_rows(rows: np.ndarray, ggml_type: int, columns: int) -> np.ndarray | 
     """Every row of a GGUF tensor's blocks (uint8 ``[rows, row bytes]``, C order) as float32
     ``[rows, columns]``: the values gguf-py's dequantize gives, decoded in C (gguf-py's numpy made
     most of a model load). None where the kernel cannot: not built, or a type it does not decode."""
-    if _gguf_kernel is None or ggml_type not in GGUF_FORMATS or not rows.flags.c_contiguous:
+    if _gguf_kernel is None or rows.ndim != 2 or not rows.flags.c_contiguous:
         return None
-    values, nbytes = GGUF_FORMATS[ggml_type]
-    if rows.ndim != 2 or columns % values or rows.shape[1] != columns // values * nbytes:
+    if not _whole_blocks(ggml_type, columns, rows.shape[1]):
         return None
     out = np.empty((rows.shape[0], columns), dtype=np.float32)
     if rows.shape[0]:
