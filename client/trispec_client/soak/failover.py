@@ -23,7 +23,7 @@ from trispec_client.soak import fault
 from trispec_client.soak.context import Soak
 from trispec_client.soak.report import Outcome
 from trispec_client.soak.stream import PROMPTS, run_alone, run_stream
-from trispec_client.soak.target import Server, find_server, kill_replica, split_host_port
+from trispec_client.soak.target import Server, find_server, kill_replica, split_host_port, wait_for_server
 
 # Started beside the streams (e.g. a test's OpenAI requests): returns a function that waits for them.
 Side = Callable[[str], Callable[[], None]]
@@ -46,7 +46,9 @@ def run(ctx: Soak, side: Side | None = None) -> None:
     second = {"grpc": s.replica_url, "http": s.replica_http_url or s.replica_url}
     protocols = ("http",) if s.protocol == "http" else ("grpc", "http")
     ports = sorted({split_host_port(first[p])[1] for p in protocols})
-    if find_server(ports) is None:
+    # (a replica whose supervisor is restarting its tritonserver is waited for: killing it then
+    # would kill nothing, and the streams would start on the second)
+    if wait_for_server(ports, first["http"], s.request_timeout_s) is None:
         ctx.report.check(
             "failover", "kill -9 of the first replica", None, f"skipped: no local server on {ports}"
         )

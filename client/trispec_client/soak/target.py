@@ -109,6 +109,35 @@ def find_server(ports: list[int]) -> int | None:
     return None
 
 
+def find_launcher(ports: list[int]) -> int | None:
+    """The pid of the ``specdec-serve`` whose command line names one of ``ports``: it may be between
+    two tritonservers (its supervisor restarting one)."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if not any(part.endswith("specdec-serve") for part in cmdline[:2]):
+            continue
+        flags = " ".join(cmdline)
+        if any(re.search(rf"--(?:grpc|http)-port[= ]{port}\b", flags) for port in ports):
+            return proc.pid
+    return None
+
+
+def wait_for_server(ports: list[int], http_url: str, timeout_s: float) -> int | None:
+    """``find_server``, but while a ``specdec-serve`` on ``ports`` restarts its tritonserver, wait up
+    to ``timeout_s`` for the new one to be found and ready at ``http_url``. None: no local server."""
+    deadline = time.monotonic() + timeout_s
+    probe = Server(http_url, "")
+    while True:
+        server = find_server(ports)
+        if server is not None and probe.ready():
+            return server
+        if (server is None and find_launcher(ports) is None) or time.monotonic() > deadline:
+            return server
+        time.sleep(0.5)
+
+
 def find_stub(ports: list[int]) -> int | None:
     """The pid of the Python stub under the tritonserver that listens on one of ``ports``."""
     import psutil
