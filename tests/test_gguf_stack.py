@@ -152,3 +152,13 @@ def test_a_bad_plan_is_refused() -> None:
             feed(e, [IDS[:3]])
     finally:
         stack.plan = good
+
+
+def test_a_position_past_the_rope_tables_is_refused() -> None:
+    """The stack reads each row's RoPE row from the model's whole tables at its position (its
+    attention length - 1): a position the tables do not reach is refused, not read past their end."""
+    e = engine()
+    e.model.cos, e.model.sin = e.model.cos[:8].contiguous(), e.model.sin[:8].contiguous()
+    feed(e, [IDS[:8]])  # positions 0-7: within the tables
+    with pytest.raises(ValueError, match="position past the RoPE tables"):
+        e.forward([ForwardInput(0, IDS[8:9], 1)])

@@ -64,7 +64,8 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     numpy: torch's argmax over a 151,936-token row took ~0.45 ms (a parallel reduction's wake-up),
     numpy's ~0.02 ms, most of a decoded token's host time on the GGUF path."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
-        return logits.detach().numpy().argmax(axis=-1).tolist()
+        rows = logits.detach() if logits.requires_grad else logits
+        return rows.numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()
 
 

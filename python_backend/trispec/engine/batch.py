@@ -10,14 +10,14 @@ from dataclasses import dataclass
 import torch
 
 from trispec.engine.attention import Attention, SeqRows
+from trispec.engine.host_ints import host_ints
 from trispec.engine.kv_cache import slots_of
 
 
 @dataclass
 class Batch:
     tokens: torch.Tensor  # [T] packed new tokens (sequences grouped by new-token count)
-    cos: torch.Tensor  # [T, 1, D]
-    sin: torch.Tensor  # [T, 1, D] (sign folded in, see ``apply_rope``)
+    positions: torch.Tensor  # [T] each token's position (RoPE)
     slots: torch.Tensor  # [T] cache slot of each new token
     attn: object  # the attention backend's plan for this batch
     logit_rows: torch.Tensor | slice  # packed rows to run the LM head on
@@ -37,13 +37,12 @@ def pack(
     seqs: Sequence[SeqSpec],
     block_size: int,
     *,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    device: torch.device,
     attention: Attention,
     dtype: torch.dtype,
 ) -> tuple[Batch, list[tuple[int, int]]]:
-    """Pack ``seqs`` (grouped by new-token count: equal counts are neighbours) with the model's RoPE
-    tables ``cos``/``sin`` and its attention backend.
+    """Pack ``seqs`` (grouped by new-token count: equal counts are neighbours) for a model on
+    ``device`` with its attention backend.
 
     Returns the batch and, for each input sequence in order, ``(first_logit_row, num_logits)`` into
     the logits that the forward returns.
@@ -66,25 +65,22 @@ def pack(
         slots.extend(slots_of(table, block_size, range(s.start, s.start + n)))
         if n:
             rows.append(SeqRows(t0, n, s.start, table))
-    device = cos.device
 
     def index(values: list[int]) -> torch.Tensor:
-        t = torch.tensor(values, dtype=torch.long)
         if device.type == "cpu":
-            return t
+            return host_ints(values)
         # staged in pinned host memory, copied without blocking the host
-        return t.pin_memory().to(device, non_blocking=True)
+        return torch.tensor(values, dtype=torch.long).pin_memory().to(device, non_blocking=True)
 
     lr: torch.Tensor | slice
-    if logit_rows and logit_rows == list(range(logit_rows[0], logit_rows[0] + len(logit_rows))):
-        lr = slice(logit_rows[0], logit_rows[0] + len(logit_rows))  # a view, no gather
+    if not logit_rows or logit_rows == list(range(logit_rows[0], logit_rows[0] + len(logit_rows))):
+        first = logit_rows[0] if logit_rows else 0
+        lr = slice(first, first + len(logit_rows))  # a view, no gather
     else:
         lr = index(logit_rows)
-    pos_t = index(positions)
     batch = Batch(
         tokens=index(tokens),
-        cos=cos[pos_t].unsqueeze(1),
-        sin=sin[pos_t].unsqueeze(1),
+        positions=index(positions),
         slots=index(slots),
         attn=attention.plan(rows, block_size, dtype),
         logit_rows=lr,

@@ -170,7 +170,7 @@ class Transformer:
 
     def make_batch(self, seqs: Sequence[SeqSpec], block_size: int) -> tuple[Batch, list[tuple[int, int]]]:
         """Pack ``seqs`` for ``forward`` (see ``batch.pack``)."""
-        return pack(seqs, block_size, cos=self.cos, sin=self.sin, attention=self.attention, dtype=self.dtype)
+        return pack(seqs, block_size, device=self.cos.device, attention=self.attention, dtype=self.dtype)
 
     # -- forward -------------------------------------------------------------------------------
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -192,14 +192,19 @@ class Transformer:
         t0 = time.perf_counter() if clock is not None else 0.0
         x = self.embed_tokens(batch.tokens)
         if self.stack is not None:
-            rows = StackRows(batch.cos, batch.sin, batch.slots, batch.attn)  # type: ignore[arg-type]
+            rows = StackRows(self.cos, self.sin, batch.slots, batch.attn)  # type: ignore[arg-type]
             x = self.stack.run(x, rows, kv.k, kv.v)
         else:
-            x = self.run_layers(x, batch.cos, batch.sin, batch.slots, kv, attend)
-        logits = _linear_normed(self.lm_head, x[batch.logit_rows], self.norm, self.args.rms_norm_eps)
-        if clock is not None:  # three C calls and a view
+            cos = self.cos[batch.positions].unsqueeze(1)
+            sin = self.sin[batch.positions].unsqueeze(1)
+            x = self.run_layers(x, cos, sin, batch.slots, kv, attend)
+        lr = batch.logit_rows
+        if not (isinstance(lr, slice) and lr.start == 0 and lr.stop == x.shape[0]):  # a decode step's: all
+            x = x[lr]
+        logits = _linear_normed(self.lm_head, x, self.norm, self.args.rms_norm_eps)
+        if clock is not None:  # three C calls (and a view)
             clock.forwards.append((batch.tokens.shape[0], time.perf_counter() - t0))
-        return logits.float()
+        return logits if logits.dtype == torch.float32 else logits.float()
 
     def run_layers(
         self,

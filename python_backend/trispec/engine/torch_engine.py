@@ -251,6 +251,8 @@ class TorchEngine:
             for inp, start in zip(inputs[: len(specs)], starts, strict=False):
                 self.blocks.truncate(inp.seq_id, start)
             raise
+        if len(spans) == 1 and spans[0][1] == logits.shape[0]:
+            return [logits]  # one sequence, every row (no view: a decode step's host time)
         return [logits[r0 : r0 + count] for r0, count in spans]
 
     def _validate(self, inputs: Sequence[ForwardInput]) -> None:

@@ -232,7 +232,8 @@ def weights_buffer(nbytes: int) -> torch.Tensor:
 def gguf_rows(blocks: QuantBlocks, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` of a GGUF tensor as float32 (an embedding lookup): the values gguf-py gives."""
     kernel = require_gguf_kernel()
-    ids = ids.to(torch.int64).contiguous()
+    if ids.dtype != torch.int64 or not ids.is_contiguous():
+        ids = ids.to(torch.int64).contiguous()
     out = torch.empty(ids.numel(), blocks.columns)
     kernel.dequantize(
         blocks.data.data_ptr(),

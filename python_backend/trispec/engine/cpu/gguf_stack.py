@@ -43,8 +43,9 @@ class LayerWeights(Protocol):
 
 @dataclass(frozen=True)
 class StackRows:
-    """What one forward's rows need beside their hidden states: RoPE's cos / signed sin per row
-    (``[T, D]`` values, any view of them), each row's cache slot (int64) and the attention plan."""
+    """What one forward's rows need beside their hidden states: the model's RoPE tables, cos / signed
+    sin ``[positions, D]`` (a row's position is read from the plan: its ``row_len - 1``), each row's
+    cache slot (int64) and the attention plan."""
 
     cos: torch.Tensor
     sin: torch.Tensor
@@ -124,7 +125,9 @@ class GGUFLayerStack:
             raise ValueError("the layer stack runs on contiguous float32 rows")
         if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == torch.float32):
             raise ValueError("the layer stack writes contiguous float32 caches")
-        cos, sin = rows.cos.contiguous(), rows.sin.contiguous()
+        cos, sin = rows.cos, rows.sin
+        if not (cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape):
+            raise ValueError("the layer stack reads contiguous RoPE tables of one shape")
         while True:
             needed = self._call(x, rows, cos, sin, k_cache, v_cache)
             if needed == 0:
@@ -154,6 +157,7 @@ class GGUFLayerStack:
             k_cache.shape[2],
             cos.data_ptr(),
             sin.data_ptr(),
+            cos.shape[0],
             rows.slots.data_ptr(),
             plan.tables.data_ptr(),
             plan.row_table.data_ptr(),

@@ -12,6 +12,7 @@ from typing import Protocol
 import torch
 
 from trispec.cpu_isa import isa_level
+from trispec.engine.host_ints import host_ints
 
 try:
     from trispec.engine.cpu import _paged_attention as _kernel
@@ -80,9 +81,9 @@ class PagedAttention:
             row_table.extend([offset] * s.n)
             row_len.extend(range(s.start + 1, s.start + s.n + 1))
         return PagedPlan(
-            tables=torch.tensor(tables or [0], dtype=torch.int32),
-            row_table=torch.tensor(row_table, dtype=torch.int64),
-            row_len=torch.tensor(row_len, dtype=torch.int32),
+            tables=host_ints(tables or [0], torch.int32),
+            row_table=host_ints(row_table),
+            row_len=host_ints(row_len, torch.int32),
             block_size=block_size,
         )
 

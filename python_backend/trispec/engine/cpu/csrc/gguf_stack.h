@@ -37,7 +37,8 @@ typedef struct {
     int64_t T, hidden, H, KV, D, inter, S, layer_stride;
     float eps;
     float* x; /* [T, hidden]: the residual stream, in place */
-    const float *cos, *sin; /* [T, D] */
+    const float *cos, *sin; /* [rope_rows, D]: row p is position p's (a row's position: its row_len - 1) */
+    int64_t rope_rows;
     const int64_t* slots; /* [T] */
     float *k_base, *v_base; /* layer l's cache: base + l * layer_stride, [KV, S, D] */
     PagedArgs attn; /* k, v set per layer */
@@ -151,11 +152,11 @@ static void stack_rope(const Stack* s, int layer, int t, int n) {
     float* vc = s->v_base + layer * s->layer_stride;
     const int64_t ldq = (s->H + 2 * s->KV) * s->D;
     if (s->isa == 512)
-        q8_rope_items_avx512(s->qkv, ldq, s->cos, s->sin, s->slots, kc, vc, s->S, s->H, s->KV, s->D, i0, i1);
+        q8_rope_items_avx512(s->qkv, ldq, s->cos, s->sin, s->attn.row_len, s->slots, kc, vc, s->S, s->H, s->KV, s->D, i0, i1);
     else if (s->isa == 256)
-        q8_rope_items_avxvnni(s->qkv, ldq, s->cos, s->sin, s->slots, kc, vc, s->S, s->H, s->KV, s->D, i0, i1);
+        q8_rope_items_avxvnni(s->qkv, ldq, s->cos, s->sin, s->attn.row_len, s->slots, kc, vc, s->S, s->H, s->KV, s->D, i0, i1);
     else
-        q8_rope_items_avx2(s->qkv, ldq, s->cos, s->sin, s->slots, kc, vc, s->S, s->H, s->KV, s->D, i0, i1);
+        q8_rope_items_avx2(s->qkv, ldq, s->cos, s->sin, s->attn.row_len, s->slots, kc, vc, s->S, s->H, s->KV, s->D, i0, i1);
 }
 
 static void stack_run(Stack* s) {
@@ -245,9 +246,11 @@ static StackSpace stack_space(const Stack* s, int64_t T, int threads) {
     return p;
 }
 
-/* layers(plan, x, T, k_base, v_base, S, cos, sin, slots, tables, row_table, row_len, block_size,
- *        threads, isa, attn_isa, workspace, workspace_bytes) -> 0, or the bytes the workspace must have
- *        (then nothing was computed)
+/* layers(plan, x, T, k_base, v_base, S, cos, sin, rope_rows, slots, tables, row_table, row_len,
+ *        block_size, threads, isa, attn_isa, workspace, workspace_bytes) -> 0, or the bytes the
+ *        workspace must have (then nothing was computed)
+ * cos / sin: the model's whole RoPE tables [rope_rows, D]; a row's position is its row_len - 1 (it
+ * attends to the keys up to its own), so no per-step gather of table rows is needed.
  * plan: int64 [layers, hidden, H, KV, D, inter], float64 [eps, scale], then per layer int64
  * [attn_norm, mlp_norm, parts of qkv, o, gate_up, down] and those parts (5 int64 each, qlinear's).
  * The workspace (64-byte aligned) holds every buffer of the call: a step allocates nothing. */
@@ -255,11 +258,11 @@ static PyObject* layers(PyObject* self, PyObject* args) {
     (void)self;
     Py_buffer plan;
     unsigned long long x, k_base, v_base, cos, sin, slots, tables, row_table, row_len, workspace;
-    long long T, S, workspace_bytes;
+    long long T, S, rope_rows, workspace_bytes;
     int block_size, threads, isa, attn_isa;
-    if (!PyArg_ParseTuple(args, "y*KLKKLKKKKKKiiiiKL", &plan, &x, &T, &k_base, &v_base, &S, &cos, &sin, &slots,
-                          &tables, &row_table, &row_len, &block_size, &threads, &isa, &attn_isa, &workspace,
-                          &workspace_bytes))
+    if (!PyArg_ParseTuple(args, "y*KLKKLKKLKKKKiiiiKL", &plan, &x, &T, &k_base, &v_base, &S, &cos, &sin, &rope_rows,
+                          &slots, &tables, &row_table, &row_len, &block_size, &threads, &isa, &attn_isa,
+                          &workspace, &workspace_bytes))
         return NULL;
     const PagedAttentionApi* api = stack_attention_api();
     if (api == NULL) {
@@ -286,7 +289,7 @@ static PyObject* layers(PyObject* self, PyObject* args) {
                          (int)s.D, block_size, 0, (float)scale};
     s.slots = (const int64_t*)(uintptr_t)slots;
     for (int64_t r = 0; !bad && r < T; r++)
-        bad = s.attn.row_len[r] < 1 || s.slots[r] < 0 || s.slots[r] >= S;
+        bad = s.attn.row_len[r] < 1 || s.attn.row_len[r] > rope_rows || s.slots[r] < 0 || s.slots[r] >= S;
     StackSpace space = {0};
     if (!bad) {
         s.work_bytes = api->work_bytes(&s.attn);
@@ -320,7 +323,7 @@ static PyObject* layers(PyObject* self, PyObject* args) {
     }
     PyBuffer_Release(&plan);
     if (bad || at != words) {
-        PyErr_SetString(PyExc_ValueError, "gguf layers: bad plan, shape or rows (a row attending to no key, a slot outside the cache)");
+        PyErr_SetString(PyExc_ValueError, "gguf layers: bad plan, shape or rows (a row attending to no key, a position past the RoPE tables, a slot outside the cache)");
         return NULL;
     }
     const int level = q8_usable(isa);
@@ -332,7 +335,7 @@ static PyObject* layers(PyObject* self, PyObject* args) {
     s.threads = threads, s.isa = level, s.attn_isa = usable_isa(attn_isa);
     s.T = T, s.S = S, s.eps = (float)eps, s.layer_stride = s.KV * S * s.D;
     s.x = (float*)(uintptr_t)x;
-    s.cos = (const float*)(uintptr_t)cos, s.sin = (const float*)(uintptr_t)sin;
+    s.cos = (const float*)(uintptr_t)cos, s.sin = (const float*)(uintptr_t)sin, s.rope_rows = rope_rows;
     s.k_base = (float*)(uintptr_t)k_base, s.v_base = (float*)(uintptr_t)v_base;
     s.api = api;
     int* starts = (int*)(ws + space.starts);

@@ -35,16 +35,17 @@ Q8_IN void Q8(rope_head)(float* x, const float* cos, const float* sin, int64_t D
 
 /* items [i0, i1) of rows x (H + 2 KV) heads of the fused q|k|v output (row stride ldq): q heads rotated
  * in place; k heads rotated and written to their cache slot, v heads copied to theirs (caches
- * [KV, S, D]). cos / sin: [T, D], row by row. */
+ * [KV, S, D]). cos / sin: the tables [positions, D]; row m's position is row_len[m] - 1. */
 Q8_TARGET static void Q8(rope_items)(float* qkv, int64_t ldq, const float* cos, const float* sin,
-                                     const int64_t* slots, float* kc, float* vc, int64_t S, int64_t H,
-                                     int64_t KV, int64_t D, int64_t i0, int64_t i1) {
+                                     const int32_t* row_len, const int64_t* slots, float* kc, float* vc,
+                                     int64_t S, int64_t H, int64_t KV, int64_t D, int64_t i0, int64_t i1) {
     float tmp[STACK_MAX_HEAD_DIM];
     const int64_t heads = H + 2 * KV;
     for (int64_t i = i0; i < i1; i++) {
         const int64_t m = i / heads, h = i % heads;
         float* x = qkv + m * ldq + h * D;
-        if (h < H + KV) Q8(rope_head)(x, cos + m * D, sin + m * D, D, tmp);
+        const int64_t at = ((int64_t)row_len[m] - 1) * D;
+        if (h < H + KV) Q8(rope_head)(x, cos + at, sin + at, D, tmp);
         if (h >= H) {
             const int64_t kvh = h < H + KV ? h - H : h - H - KV;
             float* cache = (h < H + KV ? kc : vc) + (kvh * S + slots[m]) * D;
