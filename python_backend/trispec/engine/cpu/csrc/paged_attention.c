@@ -9,7 +9,7 @@
  *
  * Here every query row is computed over exactly its own keys (positions [0, len)), read straight
  * from the paged cache through its block table, by one thread, in a fixed order:
- *   score_j = dot(q, k_j) * scale    (16 partial sums over head_dim, fixed tree at the end)
+ *   score_j = dot(q, k_j) * scale    (d = 0..D-1 in order; LANES keys a vector, transposed in registers)
  *   p_j     = exp(score_j - max)     (our polynomial exp: the same code for every element)
  *   out     = sum_j p_j v_j / sum_j p_j   (j ascending; vectorised across head_dim only)
  * Nothing depends on the other rows of the call, on padding or on the thread count, so a row's
@@ -90,6 +90,48 @@ static inline __attribute__((always_inline)) void load_row(const void* base, int
 
 typedef PagedArgs Args;
 
+/* rows[l] (key l's LANES values) -> rows[d] (value d of the LANES keys): a LANES x LANES transpose by
+ * swapping off-diagonal blocks of 8, 4, 2 and 1 lanes (two-source shuffles; moves values, no arithmetic) */
+static inline __attribute__((always_inline)) void transpose_lanes(vf* rows) {
+#define SWAP_BLOCKS(s, lo_mask, hi_mask)                                                  \
+    for (int i = 0; i < LANES; i++) {                                                     \
+        if (i & (s)) continue;                                                            \
+        const vf a = rows[i], b = rows[i + (s)];                                          \
+        rows[i] = __builtin_shuffle(a, b, (vi)lo_mask);                                   \
+        rows[i + (s)] = __builtin_shuffle(a, b, (vi)hi_mask);                             \
+    }
+    /* lo[j] = j & s ? b[j - s] : a[j];  hi[j] = j & s ? b[j] : a[j + s]  (b's lanes are 16 + j) */
+    SWAP_BLOCKS(8, ((vi){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+                ((vi){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}))
+    SWAP_BLOCKS(4, ((vi){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
+                ((vi){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}))
+    SWAP_BLOCKS(2, ((vi){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
+                ((vi){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}))
+    SWAP_BLOCKS(1, ((vi){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
+                ((vi){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}))
+#undef SWAP_BLOCKS
+}
+
+/* keys [j0, j0 + LANES) of a float32 cache, transposed into kt[d] (keys past max_len: zeros) */
+static inline __attribute__((always_inline)) void transpose_keys_f32(const Args* a, const int32_t* table, int64_t cache_head,
+                                                                    int j0, int max_len, vf* kt) {
+    const int D = a->D, bs = a->block_size;
+    const float* key[LANES];
+    for (int l = 0; l < LANES; l++) {
+        const int j = j0 + l;
+        key[l] = j < max_len ? (const float*)a->k + (cache_head + (int64_t)table[j / bs] * bs + j % bs) * D : NULL;
+    }
+    for (int d0 = 0; d0 < D; d0 += LANES) {
+        vf rows[LANES];
+        for (int l = 0; l < LANES; l++) {
+            rows[l] = splat(0.0f);
+            if (key[l] != NULL) rows[l] = *(const vf_u*)(key[l] + d0);
+        }
+        transpose_lanes(rows);
+        for (int x = 0; x < LANES; x++) kt[d0 + x] = rows[x];
+    }
+}
+
 /* Rows [r0, r1) of one sequence (at most ROWS) and one KV head, i.e. the g = H / KV query heads
  * that share it. Keys are taken LANES at a time (blocks at absolute positions 0, LANES, ...) and
  * transposed, so that their scores are one vector: score(row, key) = sum over d = 0..D-1 in order of
@@ -118,23 +160,41 @@ static inline __attribute__((always_inline)) void attend_rows(const Args* a, int
             memcpy(q + rh * D, (const float*)a->q + offset, sizeof(float) * (size_t)D);
         }
     }
-    /* scores */
+    /* scores: each one sum_d q[d] * k[d], d = 0..D-1 in order, for LANES keys at once */
     for (int b = 0; b < blocks; b++) {
-        float* kt_f = (float*)kt;
-        for (int l = 0; l < LANES; l++) {
-            const int j = b * LANES + l;
-            if (j < max_len) {
-                load_row(a->k, cache_head + (int64_t)table[j / bs] * bs + j % bs, D, a->is_bf16, row);
-                for (int d = 0; d < D; d++) kt_f[d * LANES + l] = row[d];
-            } else {
-                for (int d = 0; d < D; d++) kt_f[d * LANES + l] = 0.0f;
+        if (a->is_bf16) {
+            float* kt_f = (float*)kt;
+            for (int l = 0; l < LANES; l++) {
+                const int j = b * LANES + l;
+                if (j < max_len) {
+                    load_row(a->k, cache_head + (int64_t)table[j / bs] * bs + j % bs, D, 1, row);
+                    for (int d = 0; d < D; d++) kt_f[d * LANES + l] = row[d];
+                } else {
+                    for (int d = 0; d < D; d++) kt_f[d * LANES + l] = 0.0f;
+                }
             }
+        } else {
+            transpose_keys_f32(a, table, cache_head, b * LANES, max_len, kt);
         }
-        for (int rh = 0; rh < rh_count; rh++) scores[(size_t)rh * blocks + b] = splat(0.0f);
-        /* d outer, (row, head) inner: independent accumulators rather than one long FMA chain */
-        for (int d = 0; d < D; d++) {
-            const vf kd = kt[d];
-            for (int rh = 0; rh < rh_count; rh++) scores[(size_t)rh * blocks + b] += q[rh * D + d] * kd;
+        /* four (row, head) pairs at a time, their sums in registers (a pair past the last repeats
+         * it, its sums unused): independent chains, each the same order */
+        for (int rh0 = 0; rh0 < rh_count; rh0 += 4) {
+            const float* q0 = q + (size_t)rh0 * D;
+            const float* q1 = q + (size_t)(rh0 + 1 < rh_count ? rh0 + 1 : rh0) * D;
+            const float* q2 = q + (size_t)(rh0 + 2 < rh_count ? rh0 + 2 : rh0) * D;
+            const float* q3 = q + (size_t)(rh0 + 3 < rh_count ? rh0 + 3 : rh0) * D;
+            vf s0 = splat(0.0f), s1 = s0, s2 = s0, s3 = s0;
+            for (int d = 0; d < D; d++) {
+                const vf kd = kt[d];
+                s0 += q0[d] * kd;
+                s1 += q1[d] * kd;
+                s2 += q2[d] * kd;
+                s3 += q3[d] * kd;
+            }
+            scores[(size_t)rh0 * blocks + b] = s0;
+            if (rh0 + 1 < rh_count) scores[(size_t)(rh0 + 1) * blocks + b] = s1;
+            if (rh0 + 2 < rh_count) scores[(size_t)(rh0 + 2) * blocks + b] = s2;
+            if (rh0 + 3 < rh_count) scores[(size_t)(rh0 + 3) * blocks + b] = s3;
         }
     }
     /* softmax weights, in place, and their sums */
@@ -161,7 +221,31 @@ static inline __attribute__((always_inline)) void attend_rows(const Args* a, int
         for (int dv = 0; dv < DV; dv++) acc[(size_t)rh * DV + dv] = splat(0.0f);
     }
     /* weighted values, key by key in ascending order */
-    for (int j = 0; j < max_len; j++) {
+    if (!a->is_bf16) {
+        for (int rh = 0; rh < rh_count; rh++) {
+            const int len = a->row_len[r0 + rh / g];
+            const float* p = (const float*)(scores + (size_t)rh * blocks);
+            vf* o = acc + (size_t)rh * DV;
+            for (int dv0 = 0; dv0 < DV; dv0 += 4) {
+                const int nv = DV - dv0 < 4 ? DV - dv0 : 4;
+                vf o0 = splat(0.0f), o1 = o0, o2 = o0, o3 = o0;
+                for (int j = 0; j < len; j++) {
+                    const vf_u* vrow =
+                        (const vf_u*)((const float*)a->v + (cache_head + (int64_t)table[j / bs] * bs + j % bs) * D) + dv0;
+                    const float pj = p[j];
+                    o0 += pj * vrow[0];
+                    if (nv > 1) o1 += pj * vrow[1];
+                    if (nv > 2) o2 += pj * vrow[2];
+                    if (nv > 3) o3 += pj * vrow[3];
+                }
+                o[dv0] = o0;
+                if (nv > 1) o[dv0 + 1] = o1;
+                if (nv > 2) o[dv0 + 2] = o2;
+                if (nv > 3) o[dv0 + 3] = o3;
+            }
+        }
+    }
+    for (int j = 0; a->is_bf16 && j < max_len; j++) {
         load_row(a->v, cache_head + (int64_t)table[j / bs] * bs + j % bs, D, a->is_bf16, row);
         vf vrow[D / LANES];
         memcpy(vrow, row, sizeof(float) * (size_t)D);
