@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from trispec.engine.attention import Attention, SeqRows
-from trispec.engine.host_ints import host_ints
+from trispec.engine.cpu.host_ints import host_ints
 from trispec.engine.kv_cache import slots_of
 
 

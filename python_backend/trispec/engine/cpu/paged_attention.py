@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 
 from trispec.cpu_isa import isa_level
-from trispec.engine.host_ints import host_ints
+from trispec.engine.cpu.host_ints import host_ints
 
 try:
     from trispec.engine.cpu import _paged_attention as _kernel
