@@ -34,6 +34,7 @@
 
 /* usable_isa() and isa_level(): which ISA copy runs (shared with the engine's kernels) */
 #include "kernel_common.h"
+#include "argmax_rows.h"
 
 #define STREAM 0x53504543u /* "SPEC": this use of a request's seed, apart from any other */
 #define BUCKET_SHIFT 20 /* 4096 buckets of the 32-bit words */
@@ -476,6 +477,9 @@ static PyMethodDef methods[] = {
      "noise_bits(seed, position, first, count, out): the 32-bit words of tokens first..first+count-1 "
      "into out (uint32 [count])."},
     {"philox", philox, METH_VARARGS, "philox(c0, c1, c2, c3, k0, k1): Philox4x32-10 of one counter."},
+    {"argmax", argmax_rows, METH_VARARGS,
+     "argmax(scores, n, V, row_stride, num_threads, isa): each float32 row's argmax (lowest index on ties, "
+     "the first NaN if any) as a list of ints; scores: a raw data pointer to [n, row_stride]."},
     {"isa_level", isa_level, METH_VARARGS, "isa_level(wanted): the ISA level the hashing runs for `wanted`."},
     {NULL, NULL, 0, NULL},
 };
