@@ -8,6 +8,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import urllib3
 
@@ -95,33 +96,30 @@ class Server:
         return False, state, time.monotonic() - start
 
 
-def find_server(ports: list[int]) -> int | None:
-    """The pid of the tritonserver that listens on one of ``ports`` (its command line says so)."""
+def _find_process(ports: list[int], is_it: Callable[[list[str]], bool]) -> int | None:
+    """The pid of a process whose command line ``is_it`` accepts and names one of ``ports`` as its
+    --grpc-port or --http-port."""
     import psutil
 
-    for proc in psutil.process_iter(["name", "cmdline"]):
+    for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if not cmdline or not cmdline[0].endswith("tritonserver"):
+        if not cmdline or not is_it(cmdline):
             continue
         flags = " ".join(cmdline)
         if any(re.search(rf"--(?:grpc|http)-port[= ]{port}\b", flags) for port in ports):
             return proc.pid
     return None
+
+
+def find_server(ports: list[int]) -> int | None:
+    """The pid of the tritonserver that listens on one of ``ports`` (its command line says so)."""
+    return _find_process(ports, lambda cmdline: cmdline[0].endswith("tritonserver"))
 
 
 def find_launcher(ports: list[int]) -> int | None:
     """The pid of the ``specdec-serve`` whose command line names one of ``ports``: it may be between
     two tritonservers (its supervisor restarting one)."""
-    import psutil
-
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if not any(part.endswith("specdec-serve") for part in cmdline[:2]):
-            continue
-        flags = " ".join(cmdline)
-        if any(re.search(rf"--(?:grpc|http)-port[= ]{port}\b", flags) for port in ports):
-            return proc.pid
-    return None
+    return _find_process(ports, lambda cmdline: any(part.endswith("specdec-serve") for part in cmdline[:2]))
 
 
 def wait_for_server(ports: list[int], http_url: str, timeout_s: float) -> int | None:
