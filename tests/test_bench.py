@@ -64,11 +64,23 @@ def test_drafter_variants() -> None:
     selfdraft = variant(config, "self-int8").drafter
     assert (selfdraft.kind, selfdraft.model) == ("self", None)
     assert variant(config, "suffix").drafter.kind == "suffix"
+    head = variant(config, "model-int8/4096+suffix").drafter
+    assert (head.precision, head.draft_vocab, head.with_suffix) == ("int8", 4096, True)
+    assert variant(config, "self-int8/100").drafter.draft_vocab == 100
+    assert variant(variant(config, "model/64"), "model/full").drafter.draft_vocab is None
+    assert variant(variant(config, "model/64"), "model").drafter.draft_vocab == 64  # the config's own
 
 
 @pytest.mark.parametrize(
     ("name", "message"),
-    [("model-int4", "precision"), ("ngram+suffix", "model drafter"), ("eagle", "unknown drafter")],
+    [
+        ("model-int4", "precision"),
+        ("ngram+suffix", "model drafter"),
+        ("eagle", "unknown drafter"),
+        ("suffix/100", "goes with a model drafter"),
+        ("model/0", "positive number or 'full'"),
+        ("model/many", "positive number or 'full'"),
+    ],
 )
 def test_bad_drafter_names(name: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

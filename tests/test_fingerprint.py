@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from trispec.config import SpecDecConfig, parse_config
+from trispec.drafters.draft_vocab import corpus_digest, stdlib_corpus
 from trispec.engine.cpu.linear import DenseLinear, GGUFLinear, Int8Linear
 from trispec.serving import file_digests
 from trispec.serving.fingerprint import (
@@ -88,6 +89,7 @@ DRAFT_CHANGES = {
     "draft model": lambda files: {"drafter": draft_model(files)},
     "max k": lambda files: {"scheduler": {"max_num_draft_tokens": 4}},
     "default k": lambda files: {"scheduler": {"default_num_draft_tokens": 2}},
+    "draft vocabulary": lambda files: {"drafter": {"draft_vocab": 4096}},
 }
 
 
@@ -108,6 +110,15 @@ def test_a_draft_model_s_weights_count_only_under_the_rejection_rule(files: Path
     assert fingerprint(files, drafter=one, **REJECTION) != fingerprint(files, drafter=two, **REJECTION)
     parts = model_fingerprint(config(files, drafter=one)).parts
     assert parts == model_fingerprint(config(files, drafter={"kind": "none", "precision": None})).parts
+
+
+def test_the_draft_vocabulary_s_corpus_counts_under_the_rejection_rule(files: Path) -> None:
+    """Which ids a ``draft_vocab`` head computes is ranked by this Python's standard library: under
+    the rejection rule that corpus is part of the model."""
+    vocab = {"drafter": {"draft_vocab": 4096}}
+    assert "draft_vocab_corpus" not in model_fingerprint(config(files, **vocab)).parts
+    parts = model_fingerprint(config(files, **vocab, **REJECTION)).parts
+    assert parts["draft_vocab_corpus"] == corpus_digest(stdlib_corpus())
 
 
 @pytest.mark.parametrize(

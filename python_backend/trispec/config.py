@@ -116,6 +116,10 @@ class DrafterConfig(_Strict):
     model: ModelConfig | None = None
     ngram: NgramConfig = NgramConfig()
     kv_cache_mb: float = Field(256.0, gt=0)
+    # self/model drafts: the draft's LM head computes only the first N token ids (a BPE vocabulary
+    # runs roughly from frequent to rare), a smaller head read per draft step; ids past N are never
+    # drafted (the target still produces them). Unset: the whole vocabulary
+    draft_vocab: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _model_needs_checkpoint(self) -> DrafterConfig:
@@ -131,6 +135,8 @@ class DrafterConfig(_Strict):
             raise ValueError(
                 "precision gguf goes with kind model; for a faster target set target.weights: gguf"
             )
+        if self.draft_vocab is not None and self.kind not in ("self", "model"):
+            raise ValueError("draft_vocab goes with a model draft (kind self or model)")
         if self.precision is not None and self.model is not None and self.model.weights == "gguf":
             raise ValueError("give the draft model's precision once: precision, or model.weights: gguf")
         return self
@@ -231,6 +237,11 @@ class SpecDecConfig(_Strict):
                     f"{field}.weights",
                     "gguf is a torch engine setting; TensorRT-LLM builds its weights (trtllm.weight_only)",
                 )
+        if self.drafter.draft_vocab is not None:
+            raise ConfigError(
+                "drafter.draft_vocab",
+                "is our engine's draft head; TensorRT-LLM's draft engine computes its whole vocabulary",
+            )
         if self.drafter.kind == "self" and self.drafter.precision != "int8":
             raise ConfigError(
                 "drafter.precision",

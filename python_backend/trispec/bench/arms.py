@@ -10,6 +10,9 @@ Drafter names (``--drafters``):
     its own GGUF blocks, float32).
 ``ngram``, ``suffix``
     model-free: prompt lookup, suffix decoding (settings from the config's ``drafter`` section).
+``<model drafter>/<N>``, ``<model drafter>/full``
+    that model drafter with ``drafter.draft_vocab`` N (its head computes the first N token ids
+    only), or the whole vocabulary; before ``+suffix`` where both are given (``model/65536+suffix``).
 ``<model drafter>+suffix``
     that model drafter with suffix decoding beside it (``drafter.with_suffix``).
 """
@@ -72,11 +75,14 @@ def variant(config: SpecDecConfig, name: str) -> SpecDecConfig:
     """``config`` with its drafter section set up as ``name`` says."""
     base = name.removesuffix("+suffix")
     with_suffix = base != name
-    d = config.drafter
+    base, vocab = _draft_vocab(base, config.drafter.draft_vocab)
+    d = config.drafter.model_copy(update={"draft_vocab": vocab})
     if base in MODEL_FREE:
         if with_suffix:
             raise ConfigError("--drafters", f"{name!r}: +suffix goes with a model drafter")
-        update: dict[str, object] = {"kind": base, "model": None, "with_suffix": False}
+        if vocab != config.drafter.draft_vocab:
+            raise ConfigError("--drafters", f"{name!r}: /<draft_vocab> goes with a model drafter")
+        update: dict[str, object] = {"kind": base, "model": None, "with_suffix": False, "draft_vocab": None}
     elif base in ("self-int8", "self-bf16"):
         precision = "int8" if base == "self-int8" else "bfloat16"
         update = {"kind": "self", "precision": precision, "model": None, "with_suffix": with_suffix}
@@ -95,6 +101,19 @@ def variant(config: SpecDecConfig, name: str) -> SpecDecConfig:
     else:
         raise ConfigError("--drafters", f"unknown drafter {name!r}")
     return config.model_copy(update={"drafter": d.model_copy(update=update)})
+
+
+def _draft_vocab(base: str, default: int | None) -> tuple[str, int | None]:
+    """``model/65536`` -> (``model``, 65536); ``model/full`` -> (``model``, None); no tail: the
+    config's own ``draft_vocab``."""
+    base, slash, tail = base.partition("/")
+    if not slash:
+        return base, default
+    if tail == "full":
+        return base, None
+    if not tail.isdigit() or int(tail) < 1:
+        raise ConfigError("--drafters", f"{base}/{tail}: the draft vocabulary is a positive number or 'full'")
+    return base, int(tail)
 
 
 class DrafterPool:

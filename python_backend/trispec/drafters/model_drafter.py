@@ -44,6 +44,9 @@ class ModelDrafter:
             raise ValueError("a draft engine takes another's keys and values only with the same KV geometry")
         self.engine = engine
         self.kv_source = kv_source
+        # a head over the first ids only (``draft_vocab``): a grammar may then leave a row nothing
+        head_vocab = getattr(engine, "head_vocab", engine.vocab_size)
+        self._partial_head = head_vocab < engine.vocab_size
         # sequences whose draft cache holds keys and values copied from the target (never shared)
         self._imported: set[int] = set()
 
@@ -86,7 +89,7 @@ class ModelDrafter:
         catch_up = {i: max(len(f) - len(requests[i].prefix) - MAX_OWN_FEED, 0) for i, f in feeds.items()}
         while active:
             logits = self.engine.forward([ForwardInput(requests[i].seq_id, feeds[i], 1) for i in active])
-            rows = []
+            rows, drawing = [], []
             for i, row in zip(active, logits):
                 request = requests[i]
                 if request.sampling.shapes_logits:  # as the verifier will shape p (logits_rules.py)
@@ -94,17 +97,24 @@ class ModelDrafter:
                     row = apply_rules(row, request.sampling, context)
                 if request.guide is not None:  # and mask it by the grammar (guided/state.py)
                     row = request.guide.mask_logits(row, [*request.prefix, *tokens[i]])
+                    if self._partial_head and not bool(row.amax() > float("-inf")):
+                        continue  # the grammar admits only ids the draft head leaves out: no guess
                 rows.append(row)
-            drawn = self._draw(
-                [requests[i] for i in active],
-                [len(tokens[i]) for i in active],
-                torch.cat(rows),
-                [probs[i] for i in active],
+                drawing.append(i)
+            drawn = (
+                self._draw(
+                    [requests[i] for i in drawing],
+                    [len(tokens[i]) for i in drawing],
+                    torch.cat(rows),
+                    [probs[i] for i in drawing],
+                )
+                if drawing
+                else []
             )
-            for i, token in zip(active, drawn):
+            for i, token in zip(drawing, drawn):
                 tokens[i].append(token)
                 feeds[i] = [token]
-            active = [i for i in active if len(tokens[i]) < requests[i].num_draft_tokens]
+            active = [i for i in drawing if len(tokens[i]) < requests[i].num_draft_tokens]
         return [
             DraftProposal(
                 tokens[i],

@@ -10,6 +10,7 @@ import torch
 
 from trispec.engine.args import ModelArgs
 from trispec.engine.cpu.linear import DenseLinear, GGUFLinear, Int8Linear, Linear, RowSplitLinear
+from trispec.engine.cpu.quant_blocks import QuantBlocks
 from trispec.engine.gguf_wiring import gguf_blocks_of
 from trispec.engine.model import LayerWeights, Transformer
 from trispec.errors import ConfigError
@@ -26,6 +27,7 @@ def build_transformer(
     rope_length: int | None = None,
     attention: str = "auto",
     device: torch.device | None = None,
+    head_ids: torch.Tensor | None = None,
 ) -> Transformer:
     """Fuse a HF-named state dict (``model.layers.N.self_attn.q_proj.weight`` ...) into our layout.
 
@@ -35,6 +37,8 @@ def build_transformer(
     (the state dict must come from one; float32 activations, CPU); a tensor of a type the GGUF kernel
     does not decode falls back to dense float32 (its whole fused layer).
     ``device``: where the weights go, tensor by tensor as they are built (default CPU).
+    ``head_ids``: the LM head computes only these token ids (sorted; a draft's ``draft_vocab``: a
+    smaller head read per step); ``Transformer.forward`` gives the others -inf.
     """
     if weight_quant not in (None, "int8", "gguf"):
         raise ConfigError("weight_quant", f"unsupported weight_quant {weight_quant!r} (None, 'int8', 'gguf')")
@@ -42,6 +46,11 @@ def build_transformer(
     if weight_quant == "int8" and device.type != "cpu":
         raise ConfigError("precision", "int8 weight-only runs on CPU; on a GPU use bfloat16")
     blocks_of = gguf_blocks_of(state_dict, weight_quant, dtype, device)
+    if head_ids is not None:
+        head_ids = _checked_ids(head_ids, args.vocab_size)
+
+    def head_rows(weight: torch.Tensor) -> torch.Tensor:
+        return weight if head_ids is None else weight.index_select(0, head_ids.to(weight.device))
 
     def get(name: str) -> torch.Tensor:
         if name not in state_dict:
@@ -92,24 +101,38 @@ def build_transformer(
     embed_scales = None
     if embed_blocks is not None:
         embed = embed_blocks[0].data
+        head_blocks = embed_blocks if args.tie_embeddings else blocks_of(["lm_head.weight"])
         lm_head: Linear = (
-            GGUFLinear(embed_blocks) if args.tie_embeddings else fused(["lm_head.weight"], None)[0]
+            GGUFLinear([_rows_of(b, head_ids) for b in head_blocks])
+            if head_blocks is not None
+            else linear(head_rows(get("lm_head.weight")))
         )
     elif weight_quant == "int8":
         embed_q = Int8Linear.from_float(get("model.embed_tokens.weight"), None, dtype=dtype)
         embed, embed_scales = embed_q.weight, embed_q.scales
-        # one int8 table serves lookup and a tied LM head
-        lm_head = embed_q if args.tie_embeddings else linear(get("lm_head.weight"))
+        # one int8 table serves lookup and a tied LM head (a head of some ids: a copy of their rows)
+        if not args.tie_embeddings:
+            lm_head = linear(head_rows(get("lm_head.weight")))
+        elif head_ids is None:
+            lm_head = embed_q
+        else:
+            lm_head = Int8Linear(head_rows(embed_q.weight), head_rows(embed_q.scales), None)
     else:
         embed = get("model.embed_tokens.weight").to(dtype).contiguous().to(device)
         if args.tie_embeddings:
-            lm_head = DenseLinear(embed)
+            lm_head = DenseLinear(head_rows(embed))
         elif weight_quant == "gguf":  # the embedding's type is not decoded: the head may still be
-            lm_head = fused(["lm_head.weight"], None)[0]
+            head_blocks = blocks_of(["lm_head.weight"])
+            lm_head = (
+                GGUFLinear([_rows_of(b, head_ids) for b in head_blocks])
+                if head_blocks is not None
+                else linear(head_rows(get("lm_head.weight")))
+            )
         else:
-            lm_head = dense_head(state_dict, args, dtype, device)
+            lm_head = dense_head(state_dict, args, dtype, device, head_ids)
     return Transformer(
         args,
+        head_ids=head_ids,
         embed=embed,
         layers=layers,
         norm=get("model.norm.weight").to(dtype).to(device),
@@ -123,21 +146,50 @@ def build_transformer(
 
 
 def dense_head(
-    state_dict: Mapping[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype, device: torch.device
+    state_dict: Mapping[str, torch.Tensor],
+    args: ModelArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    head_ids: torch.Tensor | None = None,
 ) -> Linear:
-    """An untied LM head; for a large vocabulary on CPU in blocks of rows, read block by block."""
+    """An untied LM head (of the rows ``head_ids``, sorted, where given); for a large vocabulary
+    on CPU in blocks of rows, read block by block."""
     name = "lm_head.weight"
     if name not in state_dict:
         raise ConfigError("checkpoint", f"missing tensor {name!r}")
     block = HEAD_BLOCK_ROWS
     if args.vocab_size <= block or device.type != "cpu":
-        return DenseLinear(float32_on(state_dict, name, device).to(dtype))
+        weight = float32_on(state_dict, name, device)
+        if head_ids is not None:
+            weight = weight.index_select(0, head_ids.to(weight.device))
+        return DenseLinear(weight.to(dtype))
     rows = getattr(state_dict, "rows", lambda n, a, b: state_dict[n][a:b])
-    parts = [
-        DenseLinear(rows(name, start, min(start + block, args.vocab_size)).to(dtype).contiguous())
-        for start in range(0, args.vocab_size, block)
-    ]
+    parts = []
+    for start in range(0, args.vocab_size, block):
+        stop = min(start + block, args.vocab_size)
+        if head_ids is None:
+            parts.append(DenseLinear(rows(name, start, stop).to(dtype).contiguous()))
+            continue
+        inside = head_ids[(head_ids >= start) & (head_ids < stop)] - start
+        if inside.numel():  # the block's rows the head keeps, in id order
+            parts.append(DenseLinear(rows(name, start, stop).index_select(0, inside).to(dtype).contiguous()))
     return RowSplitLinear(parts)
+
+
+def _checked_ids(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    ids = torch.as_tensor(ids, dtype=torch.int64).cpu()
+    if ids.ndim != 1 or not ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise ValueError(f"head_ids: a non-empty list of ids in 0..{vocab_size - 1}")
+    if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        raise ValueError("head_ids: sorted, each id once")
+    return ids
+
+
+def _rows_of(blocks: QuantBlocks, ids: torch.Tensor | None) -> QuantBlocks:
+    """Rows ``ids`` of a GGUF tensor (each row is its own blocks), or all of it."""
+    if ids is None:
+        return blocks
+    return QuantBlocks(blocks.ggml_type, blocks.data.index_select(0, ids), blocks.columns)
 
 
 # rows per block of a large untied LM head (see RowSplitLinear)

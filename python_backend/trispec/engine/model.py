@@ -120,6 +120,7 @@ class Transformer:
         dtype: torch.dtype = torch.float32,
         rope_length: int | None = None,
         attention: str = "auto",
+        head_ids: torch.Tensor | None = None,
     ) -> None:
         self.args = args
         self.dtype = dtype
@@ -131,6 +132,8 @@ class Transformer:
         self.layers = layers
         self.norm = norm
         self.lm_head = lm_head
+        # the token ids ``lm_head`` computes (sorted), where not all of them (``full_vocab``)
+        self.head_ids = None if head_ids is None else head_ids.to(embed.device)
         heads = (args.num_heads, args.num_kv_heads, args.head_dim)
         self.attention = make_attention(*heads, device=embed.device, dtype=dtype, backend=attention)
         cos, sin = rope_tables(args, rope_length or args.max_position_embeddings)
@@ -201,10 +204,18 @@ class Transformer:
         lr = batch.logit_rows
         if not (isinstance(lr, slice) and lr.start == 0 and lr.stop == x.shape[0]):  # a decode step's: all
             x = x[lr]
-        logits = _linear_normed(self.lm_head, x, self.norm, self.args.rms_norm_eps)
+        logits = self.full_vocab(_linear_normed(self.lm_head, x, self.norm, self.args.rms_norm_eps))
         if clock is not None:  # three C calls (and a view)
             clock.forwards.append((batch.tokens.shape[0], time.perf_counter() - t0))
         return logits if logits.dtype == torch.float32 else logits.float()
+
+    def full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits over the whole vocabulary: where the head computes only some ids
+        (``head_ids``, a draft's ``draft_vocab``), the others are -inf (never drafted)."""
+        if self.head_ids is None:
+            return logits
+        out = logits.new_full((logits.shape[0], self.args.vocab_size), float("-inf"))
+        return out.index_copy_(1, self.head_ids, logits)
 
     def run_layers(
         self,

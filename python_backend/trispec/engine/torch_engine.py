@@ -116,6 +116,7 @@ class TorchEngine:
         attention: str = "auto",
         device: str | torch.device = "cpu",
         prefix_caching: bool = True,
+        head_ids: torch.Tensor | None = None,
     ) -> TorchEngine:
         """From a HF-named state dict (``model.embed_tokens.weight``, ``model.layers.0...``).
 
@@ -129,6 +130,8 @@ class TorchEngine:
         back to the host (sampling and acceptance run there).
         ``prefix_caching``: keep full blocks of verified tokens for later sequences with the same
         prefix (``block_manager.py``).
+        ``head_ids``: the LM head computes only these token ids (sorted; a draft's ``draft_vocab``,
+        ``drafters/draft_vocab.py``); the logits of the others are -inf.
         """
         dt = resolve_dtype(dtype, weight_quant)
         dev = resolve_device(device)
@@ -141,6 +144,7 @@ class TorchEngine:
             rope_length=rope_length,
             attention=attention,
             device=dev,
+            head_ids=head_ids,
         )
         return cls(
             model,
@@ -178,6 +182,11 @@ class TorchEngine:
     @property
     def vocab_size(self) -> int:
         return self.args.vocab_size
+
+    @property
+    def head_vocab(self) -> int:
+        """How many token ids get logits; the rest -inf (``head_ids``)."""
+        return self.model.lm_head.out_features
 
     @property
     def max_context(self) -> int:

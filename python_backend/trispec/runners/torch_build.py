@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from trispec.checkpoints import resolve_checkpoint
+import torch
+
+from trispec.checkpoints import cache_dir, load_tokenizer, resolve_checkpoint
 from trispec.config import ModelConfig, SchedulerConfig, SpecDecConfig
 from trispec.drafters.base import Drafter
+from trispec.drafters.draft_vocab import draft_vocab_ids
 from trispec.drafters.factory import model_free_drafter, suffix_drafter
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.with_suffix import WithSuffix
@@ -21,12 +24,33 @@ Checkpoint = tuple[ModelArgs, StateDict]
 
 
 def build_engine(
-    model: ModelConfig, field: str, sched: SchedulerConfig, checkpoint: Checkpoint | None = None, **kw: Any
+    model: ModelConfig,
+    field: str,
+    sched: SchedulerConfig,
+    checkpoint: Checkpoint | None = None,
+    draft_vocab: int | None = None,
+    **kw: Any,
 ) -> TorchEngine:
+    """``draft_vocab``: a draft engine whose LM head computes that many ids (``draft_vocab.py``)."""
     args, state_dict = checkpoint or load_checkpoint(
         resolve_checkpoint(model.checkpoint, f"{field}.checkpoint")
     )
     kw.setdefault("weight_quant", "gguf" if model.weights == "gguf" else None)
+    if draft_vocab is not None:
+        if draft_vocab > args.vocab_size:
+            raise ConfigError(
+                "drafter.draft_vocab",
+                f"{draft_vocab} exceeds the draft model's vocabulary ({args.vocab_size})",
+            )
+        tokenizer = load_tokenizer(model, field)
+        ids = draft_vocab_ids(
+            tokenizer.backend,
+            args.vocab_size,
+            draft_vocab,
+            always=sorted(tokenizer.eos_ids),
+            cache_dir=cache_dir(),
+        )
+        kw["head_ids"] = torch.from_numpy(ids)
     return TorchEngine.from_state_dict(
         args,
         state_dict,
@@ -74,11 +98,19 @@ def build_draft_engine(config: SpecDecConfig, target_checkpoint: Checkpoint) -> 
     drafter = config.drafter
     # int8 weights run with bf16 activations: the int8 kernel is only fast with those
     weight_quant = "int8" if drafter.precision == "int8" else None
+    draft_vocab = drafter.draft_vocab
     if drafter.kind == "self":
         # the target's own weights at lower precision (the same file, read again lazily)
         update = {"kv_cache_mb": drafter.kv_cache_mb, "dtype": "bfloat16", "weights": "dense"}
         model = config.target.model_copy(update=update)
-        return build_engine(model, "target", config.scheduler, target_checkpoint, weight_quant=weight_quant)
+        return build_engine(
+            model,
+            "target",
+            config.scheduler,
+            target_checkpoint,
+            weight_quant=weight_quant,
+            draft_vocab=draft_vocab,
+        )
     if drafter.kind == "model":
         assert drafter.model is not None
         model = drafter.model
@@ -86,6 +118,8 @@ def build_draft_engine(config: SpecDecConfig, target_checkpoint: Checkpoint) -> 
             model = model.model_copy(update={"dtype": "float32", "weights": "gguf"})
         elif drafter.precision is not None:
             model = model.model_copy(update={"dtype": "bfloat16", "weights": "dense"})
-            return build_engine(model, "drafter.model", config.scheduler, weight_quant=weight_quant)
-        return build_engine(model, "drafter.model", config.scheduler)
+            return build_engine(
+                model, "drafter.model", config.scheduler, weight_quant=weight_quant, draft_vocab=draft_vocab
+            )
+        return build_engine(model, "drafter.model", config.scheduler, draft_vocab=draft_vocab)
     return None

@@ -39,6 +39,7 @@ from typing import Any
 
 from trispec.checkpoints import resolve_checkpoint
 from trispec.config import ModelConfig, SpecDecConfig
+from trispec.drafters.draft_vocab import corpus_digest, stdlib_corpus
 from trispec.serving.file_digests import sha256_of, sha256_of_tree
 
 FINGERPRINT_HEX_DIGITS = 16
@@ -108,6 +109,9 @@ def model_fingerprint(config: SpecDecConfig, isa_dependent: bool = True) -> Mode
         "numerics": numerics_path(config, isa_dependent),
         "code": code_digest(),
     }
+    if config.drafter.draft_vocab is not None and drafts_change_text(config):
+        # which ids the draft head computes comes from this Python's standard library as well
+        parts["draft_vocab_corpus"] = corpus_digest(stdlib_corpus())
     value = _digest(json.dumps(parts, sort_keys=True))[:FINGERPRINT_HEX_DIGITS]
     return ModelFingerprint(value, parts)
 

@@ -115,7 +115,7 @@ def forward_static(
         sin = model.sin.index_select(0, sb.positions).unsqueeze(1)
         x = model.run_layers(x, cos, sin, sb.slots, kv, attend)
         x = rms_norm(x.index_select(0, sb.logit_rows), model.args.rms_norm_eps) * model.norm
-    logits = model.lm_head(x)
+    logits = model.full_vocab(model.lm_head(x))
     if fused and sb.out_tokens.is_contiguous():  # the argmax straight into its buffer: one kernel
         torch.argmax(logits, dim=-1, out=sb.out_tokens.view(-1))
     else:
