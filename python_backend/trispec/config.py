@@ -116,9 +116,9 @@ class DrafterConfig(_Strict):
     model: ModelConfig | None = None
     ngram: NgramConfig = NgramConfig()
     kv_cache_mb: float = Field(256.0, gt=0)
-    # self/model drafts: the draft's LM head computes only the first N token ids (a BPE vocabulary
-    # runs roughly from frequent to rare), a smaller head read per draft step; ids past N are never
-    # drafted (the target still produces them). Unset: the whole vocabulary
+    # self/model drafts: the draft's LM head computes only N token ids, the end ids and the most
+    # frequent in the standard library's source (drafters/draft_vocab.py), a smaller head read per
+    # draft step; the others are never drafted (the target still produces them). Unset: all ids
     draft_vocab: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")

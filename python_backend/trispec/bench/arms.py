@@ -11,8 +11,9 @@ Drafter names (``--drafters``):
 ``ngram``, ``suffix``
     model-free: prompt lookup, suffix decoding (settings from the config's ``drafter`` section).
 ``<model drafter>/<N>``, ``<model drafter>/full``
-    that model drafter with ``drafter.draft_vocab`` N (its head computes the first N token ids
-    only), or the whole vocabulary; before ``+suffix`` where both are given (``model/65536+suffix``).
+    that model drafter with ``drafter.draft_vocab`` N (its head computes N token ids only,
+    ``drafters/draft_vocab.py``), or the whole vocabulary; before ``+suffix`` where both are given
+    (``model/65536+suffix``).
 ``<model drafter>+suffix``
     that model drafter with suffix decoding beside it (``drafter.with_suffix``).
 """

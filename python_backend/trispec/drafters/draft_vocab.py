@@ -12,6 +12,7 @@ once: the ranking is kept in the cache directory, keyed by the tokenizer and the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -41,17 +42,19 @@ class BatchEncoder(Protocol):
     def to_str(self) -> str: ...
 
 
-def stdlib_corpus(root: Path | None = None, max_bytes: int = CORPUS_MAX_BYTES) -> list[Path]:
+@functools.cache  # a walk of ~1,800 files, asked for by the build and by the fingerprint
+def stdlib_corpus(root: Path | None = None, max_bytes: int = CORPUS_MAX_BYTES) -> tuple[Path, ...]:
     """The standard library's ``.py`` files (not installed packages), in a fixed order; an even
     sample of them where they hold more than ``max_bytes``."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p
-        for p in root.rglob("*.py")
-        if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)
+    files = tuple(
+        sorted(
+            p
+            for p in root.rglob("*.py")
+            if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)
+        )
     )
-    sizes = [p.stat().st_size for p in files]
-    total = sum(sizes)
+    total = sum(p.stat().st_size for p in files)
     if total <= max_bytes:
         return files
     stride = -(-total // max_bytes)  # every stride-th file: the whole library's mix, a fraction of it

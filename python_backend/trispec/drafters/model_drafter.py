@@ -44,7 +44,7 @@ class ModelDrafter:
             raise ValueError("a draft engine takes another's keys and values only with the same KV geometry")
         self.engine = engine
         self.kv_source = kv_source
-        # a head over the first ids only (``draft_vocab``): a grammar may then leave a row nothing
+        # a head over some ids only (``draft_vocab``): a grammar may then leave a row nothing
         head_vocab = getattr(engine, "head_vocab", engine.vocab_size)
         self._partial_head = head_vocab < engine.vocab_size
         # sequences whose draft cache holds keys and values copied from the target (never shared)

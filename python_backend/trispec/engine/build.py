@@ -50,7 +50,7 @@ def build_transformer(
         head_ids = _checked_ids(head_ids, args.vocab_size)
 
     def head_rows(weight: torch.Tensor) -> torch.Tensor:
-        return weight if head_ids is None else weight.index_select(0, head_ids.to(weight.device))
+        return _rows(weight, head_ids)
 
     def get(name: str) -> torch.Tensor:
         if name not in state_dict:
@@ -97,16 +97,20 @@ def build_transformer(
                 mlp_norm=mlp_norm,
             )
         )
+
+    def head_on(blocks: list[QuantBlocks]) -> Linear:
+        return GGUFLinear([QuantBlocks(b.ggml_type, _rows(b.data, head_ids), b.columns) for b in blocks])
+
+    def untied_head() -> Linear:
+        """``lm_head.weight`` on its GGUF blocks where the kernel decodes them, else dense."""
+        blocks = blocks_of(["lm_head.weight"])
+        return head_on(blocks) if blocks is not None else linear(head_rows(get("lm_head.weight")))
+
     embed_blocks = blocks_of(["model.embed_tokens.weight"])
     embed_scales = None
     if embed_blocks is not None:
         embed = embed_blocks[0].data
-        head_blocks = embed_blocks if args.tie_embeddings else blocks_of(["lm_head.weight"])
-        lm_head: Linear = (
-            GGUFLinear([_rows_of(b, head_ids) for b in head_blocks])
-            if head_blocks is not None
-            else linear(head_rows(get("lm_head.weight")))
-        )
+        lm_head: Linear = untied_head() if not args.tie_embeddings else head_on(embed_blocks)
     elif weight_quant == "int8":
         embed_q = Int8Linear.from_float(get("model.embed_tokens.weight"), None, dtype=dtype)
         embed, embed_scales = embed_q.weight, embed_q.scales
@@ -122,12 +126,7 @@ def build_transformer(
         if args.tie_embeddings:
             lm_head = DenseLinear(head_rows(embed))
         elif weight_quant == "gguf":  # the embedding's type is not decoded: the head may still be
-            head_blocks = blocks_of(["lm_head.weight"])
-            lm_head = (
-                GGUFLinear([_rows_of(b, head_ids) for b in head_blocks])
-                if head_blocks is not None
-                else linear(head_rows(get("lm_head.weight")))
-            )
+            lm_head = untied_head()
         else:
             lm_head = dense_head(state_dict, args, dtype, device, head_ids)
     return Transformer(
@@ -159,10 +158,7 @@ def dense_head(
         raise ConfigError("checkpoint", f"missing tensor {name!r}")
     block = HEAD_BLOCK_ROWS
     if args.vocab_size <= block or device.type != "cpu":
-        weight = float32_on(state_dict, name, device)
-        if head_ids is not None:
-            weight = weight.index_select(0, head_ids.to(weight.device))
-        return DenseLinear(weight.to(dtype))
+        return DenseLinear(_rows(float32_on(state_dict, name, device), head_ids).to(dtype))
     rows = getattr(state_dict, "rows", lambda n, a, b: state_dict[n][a:b])
     parts = []
     for start in range(0, args.vocab_size, block):
@@ -185,11 +181,9 @@ def _checked_ids(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return ids
 
 
-def _rows_of(blocks: QuantBlocks, ids: torch.Tensor | None) -> QuantBlocks:
-    """Rows ``ids`` of a GGUF tensor (each row is its own blocks), or all of it."""
-    if ids is None:
-        return blocks
-    return QuantBlocks(blocks.ggml_type, blocks.data.index_select(0, ids), blocks.columns)
+def _rows(weight: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    """Rows ``ids`` of ``weight`` (an LM head of some ids), or all of it."""
+    return weight if ids is None else weight.index_select(0, ids.to(weight.device))
 
 
 # rows per block of a large untied LM head (see RowSplitLinear)
