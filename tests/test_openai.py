@@ -8,17 +8,22 @@ template, request mapping, validation, token splitting, usage) are in ``test_ope
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
+import yaml
 from e2e_server import e2e_server_in, grpc_stream
 from openai.types.chat import ChatCompletionMessageParam
 from openai_cases import CITY, CITY_FORMAT, LONG_PROMPT, MESSAGES, MODEL, PROMPT, WEATHER
-from served import Server, openai_frontend
+from served import Server, openai_frontend, openai_frontends
+from trispec.config import DEFAULT_CONFIG_PATH, load_config
+from trispec.serving.fingerprint import tokenizer_files
 from trispec_client import SpecDecClient
 from trispec_openai.tokens import ServedTokenizer
 
@@ -357,3 +362,39 @@ def test_bad_guides_are_refused_naming_the_field(server: Server, client: openai.
     assert year.error is None and len(year.text) == 4 and year.text.isdigit(), year
     broken = grpc_stream(server, "x", guided_decoding_guide_type=["regex"], guided_decoding_guide=["a[b"])
     assert broken.error is not None and "guided_decoding_guide: invalid regex" in str(broken.error)
+
+
+@pytest.mark.server
+def test_a_frontend_started_for_another_tokenizer_is_refused(
+    server: Server, client: openai.OpenAI, tmp_path: Path
+) -> None:
+    """An endpoint whose ``--config`` names another tokenizer (here: the same vocabulary with another
+    chat template) gets 500 ``tokenizer_mismatch`` naming the fix, not answers to prompts formatted for
+    another model; the endpoint started for the server's own tokenizer (``client``) is served."""
+    config = load_config(None)
+    files = tokenizer_files(config.target, "target")  # tokenizer.json, tokenizer_info.json
+    for source in files:
+        shutil.copy(source, tmp_path / source.name)
+    info_path = tmp_path / files[1].name
+    info = json.loads(info_path.read_text())
+    info["chat_template"] = info["chat_template"].replace("<|im_start|>", "<|im_start|> ")
+    info_path.write_text(json.dumps(info))
+    yaml_path = tmp_path / "other.yaml"
+    data = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    data["target"]["tokenizer"] = str(tmp_path / files[0].name)
+    yaml_path.write_text(yaml.safe_dump(data))
+    with openai_frontends([server.grpc], [tmp_path / "frontend.log"], "--config", str(yaml_path)) as urls:
+        other = openai.OpenAI(base_url=f"{urls[0]}/v1", api_key="unused", timeout=120, max_retries=0)
+        for call in (
+            lambda: other.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4),
+            lambda: other.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, stream=True),
+        ):
+            with pytest.raises(openai.InternalServerError) as error:
+                list(call())  # type: ignore[call-overload]
+            assert error.value.status_code == 500
+            body = error.value.body
+            assert isinstance(body, dict) and body.get("code") == "tokenizer_mismatch", body
+            assert "expected_tokenizer_sha256" in error.value.message and "--config" in error.value.message
+    assert "misconfigured: the model refused its tokenizer" in (tmp_path / "frontend.log").read_text()
+    answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+    assert answer.choices[0].message.content

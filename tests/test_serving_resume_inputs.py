@@ -6,6 +6,8 @@ exact resumption refused on TensorRT-LLM and CUDA.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from bls_tensors import DEFAULTS, parse, tensors
@@ -122,3 +124,21 @@ def test_exact_resumption_is_refused_on_trtllm_and_on_cuda() -> None:
     assert "engine.kind trtllm" in exact_resume_refusal(trtllm)
     cuda = config.model_copy(update={"target": config.target.model_copy(update={"device": "cuda:1"})})
     assert "target.device is cuda:1" in exact_resume_refusal(cuda)
+
+
+def test_a_client_of_another_tokenizer_is_refused() -> None:
+    """A client that formats prompts with its own copy of the tokenizer (specdec-openai) names it; one
+    started for another model is refused rather than answered. Empty or absent: no check."""
+    mine = "ab" * 32
+
+    def given(expected: str | None) -> dict[str, np.ndarray]:
+        extra = {} if expected is None else {"expected_tokenizer_sha256": expected}
+        return tensors(text_input="x", **extra)
+
+    for expected in (None, "", mine, mine.upper()):
+        assert parse_inputs(given(expected).get, DEFAULTS, tokenizer_sha256=mine).generation.prompt == "x"
+    refusal = re.escape("tokenizer is abababababababab..., the client's cdcdcdcdcdcdcdcd...")
+    with pytest.raises(InvalidInputError, match=refusal) as error:
+        parse_inputs(given("cd" * 32).get, DEFAULTS, tokenizer_sha256=mine)
+    assert error.value.field == "expected_tokenizer_sha256" and error.value.reason == "other_tokenizer"
+    assert "--config" in error.value.message

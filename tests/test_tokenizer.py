@@ -7,6 +7,7 @@ tokenizer.json (see ``test_smollm_digits_split_like_hf_tokenizer_json``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -18,6 +19,7 @@ from pathlib import Path
 import gguf
 import pytest
 import regex
+import tokenizers
 from tokenizers import pre_tokenizers
 from trispec.checkpoints import smollm2_gguf
 from trispec.gguf_tokenizer import (
@@ -358,3 +360,16 @@ def test_from_files_hf_folder(tmp_path: Path, qwen_gguf: Path):
     assert tok.eos_id == tok.token_to_id("<|im_end|>")
     assert tok.info.pad_id == tok.token_to_id("<|endoftext|>")
     assert tok.bos_id is None and tok.eos_ids == frozenset({tok.eos_id, tok.info.pad_id})
+
+
+def test_sha256_names_the_tokenizer_wherever_it_was_read_from(qwen_gguf: Path, tmp_path: Path):
+    """Two loads from two cache folders agree (the OpenAI endpoint and the server compute it apart);
+    another chat template or another vocabulary gives another digest."""
+    tok = load_tokenizer_for_gguf(qwen_gguf, tmp_path / "a")
+    again = load_tokenizer_for_gguf(qwen_gguf, tmp_path / "b")
+    assert tok.sha256 == again.sha256 and len(tok.sha256) == 64
+    template = Tokenizer(tok.backend, dataclasses.replace(tok.info, chat_template="{{ messages }}"))
+    assert template.sha256 != tok.sha256
+    backend = tokenizers.Tokenizer.from_str(tok.backend.to_str())
+    backend.add_special_tokens(["<|extra|>"])
+    assert Tokenizer(backend, tok.info).sha256 != tok.sha256

@@ -35,7 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--served-model-name", default=None, help="the name clients send as 'model' (default: --model)"
     )
     parser.add_argument(
-        "--config", default=None, help="the YAML the server runs, for its tokenizer (default: built-in)"
+        "--config",
+        default=None,
+        help="the YAML the server runs, for its tokenizer and chat template (default: built-in); a "
+        "server running another tokenizer refuses this endpoint's requests (500 tokenizer_mismatch)",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
@@ -89,12 +92,14 @@ def main(argv: list[str] | None = None) -> int:
         resume_timeout_s=args.resume_timeout,
         routing=args.routing,
         route_prefix_chars=args.route_prefix_chars,
+        tokenizer_sha256=tokenizer.sha256,
     )
     served = args.served_model_name or args.model
     app = create_app(generator, tokenizer, served)
     print(
         f"specdec-openai: serving {served} on http://{args.host}:{args.port}/v1 "
-        f"(Triton gRPC {', '.join(generator.urls)}, model {args.model})",
+        f"(Triton gRPC {', '.join(generator.urls)}, model {args.model}; tokenizer {tokenizer.sha256[:16]} "
+        f"from {args.config or 'the built-in config'})",
         flush=True,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -29,6 +29,11 @@ class ServedTokenizer:
         # the server tokenises with the target's tokenizer; a GGUF's is converted once into the cache
         return cls(load_tokenizer(load_config(config_path).target, "target"))
 
+    @property
+    def sha256(self) -> str:
+        """What the model checks this endpoint's requests against (``Tokenizer.sha256``)."""
+        return self.tokenizer.sha256
+
     def count(self, text: str) -> int:
         """Prompt tokens as the server counts them (BOS included where the model adds one)."""
         return len(self.tokenizer.encode(text))

@@ -23,6 +23,7 @@ another model refuses it, and with none left the answer is an error, never a spl
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -43,8 +44,12 @@ from tritonclient.utils import InferenceServerException
 
 from trispec_openai.errors import OpenAIError, from_model_message, from_rpc_error
 
+logger = logging.getLogger(__name__)
+
 # the model's final response may be flags only; asking for it makes the end of a request explicit
 _PARAMETERS = {"triton_enable_empty_final_response": True}
+# the input naming this endpoint's tokenizer (``Tokenizer.sha256``): a model of another refuses it
+TOKENIZER_INPUT = "expected_tokenizer_sha256"
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,13 @@ def scalar_input(name: str, value: bool | float) -> aiogrpc.InferInput:
     return tensor
 
 
+def text_tensor(name: str, value: str) -> aiogrpc.InferInput:
+    """A [1, 1] BYTES input."""
+    tensor = aiogrpc.InferInput(name, [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[value.encode("utf-8")]], dtype=object))
+    return tensor
+
+
 def channel_args() -> list[tuple[str, object]]:
     """tritonclient's own channel options, with reconnection tried at least every 2 s: gRPC's default
     back-off grows to 120 s, so a replica that restarted (or came up after this endpoint) would be
@@ -112,6 +124,11 @@ def channel_args() -> list[tuple[str, object]]:
         ("grpc.min_reconnect_backoff_ms", 250),
         ("grpc.max_reconnect_backoff_ms", 2000),
     ]
+
+
+def _other_tokenizer(message: str) -> bool:
+    """The model refused the request: this endpoint's tokenizer is not the model's."""
+    return message.lstrip().startswith(f"{TOKENIZER_INPUT}:")
 
 
 def _other_model(error: OpenAIError) -> bool:
@@ -131,8 +148,13 @@ class TritonGenerator:
         resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
         routing: Routing = DEFAULT_ROUTING,
         route_prefix_chars: int = DEFAULT_PREFIX_CHARS,
+        tokenizer_sha256: str | None = None,
     ) -> None:
         self.urls = split_urls(url, "localhost:8001")
+        # the tokenizer prompts are rendered and tokens counted with here, sent with every request to a
+        # model that checks it: a server running another model refuses instead of answering prompts
+        # formatted for this one
+        self.tokenizer_sha256 = tokenizer_sha256
         self.router = Router(self.urls, routing, route_prefix_chars)
         self.url = self.urls[0]
         self.model = model
@@ -328,6 +350,8 @@ class TritonGenerator:
             inputs.append(scalar_input("return_log_probs", True))
         if "return_num_input_tokens" in declared:
             inputs.append(scalar_input("return_num_input_tokens", True))
+        if self.tokenizer_sha256 and TOKENIZER_INPUT in declared:
+            inputs.append(text_tensor(TOKENIZER_INPUT, self.tokenizer_sha256))
         done = asyncio.Event()
 
         async def requests() -> AsyncIterator[dict[str, object]]:
@@ -349,6 +373,8 @@ class TritonGenerator:
                 if error is not None:
                     finished = True  # an error ends the request in the model; nothing to cancel
                     message = error.message() or str(error)
+                    if _other_tokenizer(message):
+                        raise _misconfigured(message)
                     answer = from_model_message(message, declared)
                     if looks_cut(message):
                         raise _Cut(answer)
@@ -394,3 +420,10 @@ class TritonGenerator:
             done.set()
             if not finished:
                 call.cancel()
+
+
+def _misconfigured(message: str) -> OpenAIError:
+    """The model runs another tokenizer than this endpoint: every answer would be to a prompt in the
+    wrong chat format, so none is given. Not the caller's fault: 500, logged for the operator."""
+    logger.error("specdec-openai is misconfigured: the model refused its tokenizer: %s", message)
+    return OpenAIError(500, f"specdec-openai is misconfigured: {message}", code="tokenizer_mismatch")

@@ -7,6 +7,8 @@ once from a GGUF) or from a Hugging Face weights folder.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +92,16 @@ class Tokenizer:
         else:
             info = _info_from_hf_dir(backend, tokenizer_json.parent)
         return cls(backend, info)
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """SHA-256 (hex) of what decides how text becomes ids and a conversation a prompt: the
+        tokenizer's serialised form and its info (special ids, chat template). Processes that load the
+        same tokenizer agree on it, wherever its files were read from: the OpenAI endpoint sends its
+        own with every request, and a server tokenizing for another model refuses it."""
+        digest = hashlib.sha256(self.backend.to_str().encode("utf-8"))
+        digest.update(b"\0" + self.info.to_json().encode("utf-8"))
+        return digest.hexdigest()
 
     @property
     def vocab_size(self) -> int:

@@ -138,6 +138,7 @@ class TritonPythonModel:
             config, uses_onednn(self.llm.engine.runner, drafts_change_text(config))
         )
         self.fingerprint = fingerprint.value
+        self.tokenizer_sha256 = self.llm.tokenizer.sha256
         self.defaults = config.defaults
         self.max_prompt_bytes = config.serving.max_prompt_bytes
         self.require_cache_salt = config.serving.require_cache_salt
@@ -180,6 +181,7 @@ class TritonPythonModel:
                     self.resume_refusal,
                     self.fingerprint,
                     require_cache_salt=self.require_cache_salt,
+                    tokenizer_sha256=self.tokenizer_sha256,
                 )
                 if not self.decoupled:
                     check_one_response(rows)

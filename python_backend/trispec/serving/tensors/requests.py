@@ -159,13 +159,16 @@ def parse_inputs(
     model_fingerprint: str | None = None,
     *,
     require_cache_salt: bool = False,
+    tokenizer_sha256: str | None = None,
 ) -> ParsedRequest:
     """Turn one prompt's tensors into a ``GenerationRequest``; unset fields take the YAML defaults.
     A ``text_input`` over ``max_prompt_bytes`` is refused before anything decodes or tokenises it.
     ``resume_refusal``: why this model cannot resume a stream exactly (``skip_output_tokens`` > 0 is
     then refused with it), None where it can. ``model_fingerprint``: this replica's; a request that
     expects another (``expected_model_fingerprint``) is refused. ``require_cache_salt``: refuse a
-    request without a ``cache_salt`` (serving.require_cache_salt)."""
+    request without a ``cache_salt`` (serving.require_cache_salt). ``tokenizer_sha256``: this model's
+    tokenizer (``Tokenizer.sha256``); a request from a client of another (``expected_tokenizer_sha256``)
+    is refused."""
     prompt_value = _one(get, "text_input")
     if prompt_value is None:
         raise InvalidInputError("text_input", "is required")
@@ -179,6 +182,7 @@ def parse_inputs(
             )
     _check_refused(get)
     _check_fingerprint(get, model_fingerprint)
+    _check_tokenizer(get, tokenizer_sha256)
     prompt = _text("text_input", prompt_value)
     if not prompt:
         raise InvalidInputError("text_input", "must not be empty")
@@ -276,6 +280,24 @@ def _check_fingerprint(get: GetInput, model_fingerprint: str | None) -> None:
         )
 
 
+def _check_tokenizer(get: GetInput, tokenizer_sha256: str | None) -> None:
+    """A client that renders chat prompts or counts tokens with its own copy of the tokenizer (the
+    OpenAI endpoint) names it: one started for another model would send prompts in that model's chat
+    format, which this model would answer without any error, only worse."""
+    value = _one(get, "expected_tokenizer_sha256")
+    if value is None:
+        return
+    expected = _text("expected_tokenizer_sha256", value).strip().lower()
+    if expected and tokenizer_sha256 is not None and expected != tokenizer_sha256:
+        raise InvalidInputError(
+            "expected_tokenizer_sha256",
+            f"this model's tokenizer is {tokenizer_sha256[:16]}..., the client's {expected[:16]}...: "
+            "the client formats prompts and counts tokens for another model (start specdec-openai with "
+            "--config set to the YAML this server runs)",
+            reason="other_tokenizer",
+        )
+
+
 def _cache_salt(get: GetInput, required: bool) -> str | None:
     """The request's cache salt; an empty string is none (clients send "" for unset strings)."""
     value = _one(get, "cache_salt")
@@ -331,6 +353,7 @@ def parse_batch(
     model_fingerprint: str | None = None,
     *,
     require_cache_salt: bool = False,
+    tokenizer_sha256: str | None = None,
 ) -> list[ParsedRequest]:
     """A request's rows (Triton's batch dimension: NVIDIA's client sends several prompts as one
     request with ``--batch-inputs``), each parsed on its own; the list index is the ``batch_index``."""
@@ -355,6 +378,7 @@ def parse_batch(
             resume_refusal,
             model_fingerprint,
             require_cache_salt=require_cache_salt,
+            tokenizer_sha256=tokenizer_sha256,
         )
         for row in range(rows)
     ]

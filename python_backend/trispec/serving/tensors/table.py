@@ -90,6 +90,9 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("skip_output_tokens", "TYPE_INT32", status="extension"),
     # ours: a resumed stream goes on only on a replica serving the model it began on
     TensorSpec("expected_model_fingerprint", "TYPE_STRING", status="extension"),
+    # ours: the client's tokenizer (``Tokenizer.sha256``): one that renders chat prompts or counts
+    # tokens for another model is refused rather than served a wrongly formatted prompt
+    TensorSpec("expected_tokenizer_sha256", "TYPE_STRING", status="extension"),
     # ours (vLLM's name): KV-cache blocks are shared only among requests with the same salt;
     # TensorRT-LLM's executor takes it as Request(cache_salt_id)
     TensorSpec(
