@@ -352,6 +352,21 @@ def test_sampled_arms_give_plains_tokens_under_the_coupled_rule(
         assert by_arm["model-adaptive"]["identical_to_plain"] is True
 
 
+@pytest.mark.parametrize("flag", ["--anchor-llamacpp", "--llama-server"])
+def test_a_missing_peer_binary_is_refused_before_loading(flag: str, tmp_path: Path) -> None:
+    workloads = ["--workloads", "multiturn"] if flag == "--llama-server" else []
+    with pytest.raises(SystemExit, match=f"{flag}: no executable at .*missing.*builds one"):
+        main([*workloads, flag, str(tmp_path / "missing")])
+
+
+def test_a_draft_vocabulary_past_the_drafts_is_a_config_error(tmp_path: Path) -> None:
+    """Only the checkpoint knows the draft's vocabulary: refused once it is read, by name, no traceback."""
+    argv = ["--config", str(tiny_pair(tmp_path, same_weights=False)), "--workloads", "humaneval"]
+    argv += ["--drafters", "model/1000000", "--num-prompts", "1", "--max-tokens", "2", "--threads", "1"]
+    with pytest.raises(SystemExit, match=r"config error: drafter.draft_vocab: 1000000 exceeds the draft"):
+        main(argv)
+
+
 def test_bad_sampling_flags_are_refused_before_loading() -> None:
     with pytest.raises(SystemExit, match="--top-p"):
         main(["--temperature", "0.7", "--top-p", "1.5"])

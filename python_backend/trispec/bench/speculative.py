@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -151,6 +152,12 @@ def _checked_flags(args: argparse.Namespace) -> tuple[list[int], list[int], set[
         raise SystemExit("--num-prompts, --max-tokens and --repeats must be >= 1")
     if args.min_seconds < 0:
         raise SystemExit("--min-seconds must be >= 0")
+    for flag, binary, script in (
+        ("--anchor-llamacpp", args.anchor_llamacpp, "scripts/llamacpp_anchor.sh"),
+        ("--llama-server", args.llama_server, "scripts/llamacpp_server.sh"),
+    ):
+        if binary is not None and not (binary.is_file() and os.access(binary, os.X_OK)):
+            raise SystemExit(f"{flag}: no executable at {binary} ({script} builds one)")
     try:
         SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     except InvalidInputError as exc:
@@ -200,9 +207,12 @@ def _llamacpp_anchors(args: argparse.Namespace, config: SpecDecConfig) -> dict[s
     for role, path in files.items():
         if path.suffix != ".gguf":
             raise SystemExit(f"--anchor-llamacpp: the {role} is not a GGUF file ({path})")
-        anchors[role] = run_llama_bench(
-            args.anchor_llamacpp, path, threads=args.threads, n_gen=args.max_tokens
-        )
+        try:
+            anchors[role] = run_llama_bench(
+                args.anchor_llamacpp, path, threads=args.threads, n_gen=args.max_tokens
+            )
+        except (OSError, RuntimeError) as exc:
+            raise SystemExit(f"--anchor-llamacpp: {exc}") from None
     return anchors
 
 
@@ -312,11 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     sampling = None
     if args.temperature > 0:
         sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
-    bench = Bench(config, max(concurrencies), longest + args.max_tokens, max(ks), sampling, args.seed)
-    for name in drafters:
-        ratio = bench.draft_step_ratio(name)
-        if ratio is not None:
-            reporter.draft_cost(name, ratio)
+    try:  # what only the checkpoints tell (a draft vocabulary past the draft's) fails here, by name
+        bench = Bench(config, max(concurrencies), longest + args.max_tokens, max(ks), sampling, args.seed)
+        for name in drafters:  # builds each draft engine
+            ratio = bench.draft_step_ratio(name)
+            if ratio is not None:
+                reporter.draft_cost(name, ratio)
+    except ConfigError as exc:
+        raise SystemExit(f"config error: {exc}") from None
 
     rows = _sweep(args, bench, loads, arms, concurrencies, reporter, hf, max(ks))
     if len(loads) > 1:
