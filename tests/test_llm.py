@@ -158,6 +158,9 @@ def test_cli_bad_input_exits_2(checkpoints: Path, capsys: pytest.CaptureFixture[
     assert "top_p" in capsys.readouterr().err
     assert generate_main(["--config", str(config), "--prompt", "hi", "--num-draft-tokens", "99"]) == 2
     assert "num_draft_tokens" in capsys.readouterr().err
+    missing = checkpoints / "missing.jsonl"
+    assert generate_main(["--config", str(config), "--prompts-file", str(missing)]) == 2
+    assert f"prompts_file: cannot read {missing}" in capsys.readouterr().err
 
 
 def test_ngram_lookup() -> None:

@@ -38,7 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def read_prompts(path: Path) -> list[str]:
     prompts = []
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInputError("prompts_file", f"cannot read {path}: {exc}") from None
+    for line_no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
