@@ -14,27 +14,30 @@ the grammar may end); a grammar that is complete with no end id to emit ends the
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
 
 from trispec.guided.compiler import CompiledGrammar
-from trispec.sampling_params import SamplingParams
 
 NO_ALLOWED_TOKEN = "the grammar allows no token here"
 
 
 class GrammarState:
-    def __init__(self, compiled: CompiledGrammar, sampling: SamplingParams, vocab_size: int) -> None:
+    def __init__(
+        self, compiled: CompiledGrammar, end_ids: Iterable[int], prompt_len: int, vocab_size: int
+    ) -> None:
+        """``end_ids``: the request's own (its sampling's ``end_ids``), which the grammar's end
+        token stands for; ``prompt_len``: where the sequence's output starts."""
         self.compiled = compiled
         self.matcher = compiled.new_matcher()
         self.grammar_end_ids = list(compiled.tokenizer.eos_tokens)
         self.grammar_end_ids_in_vocab = [i for i in self.grammar_end_ids if i < vocab_size]
         # bits to unpack: the vocabulary, and the grammar's end ids past it (an added end token)
         self._unpack = max([vocab_size, *(i + 1 for i in self.grammar_end_ids)])
-        self.end_ids = sorted(i for i in sampling.end_ids if i < vocab_size)
-        self.prompt_len = sampling.prompt_len
+        self.end_ids = sorted(i for i in end_ids if i < vocab_size)
+        self.prompt_len = prompt_len
         self.vocab_size = vocab_size
         self.consumed: list[int] = []
 

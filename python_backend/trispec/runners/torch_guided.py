@@ -34,7 +34,9 @@ class GuidedSide:
                 continue
             state = self._grammars.get(s.seq_id)
             if state is None or state.compiled is not compiled:
-                state = self._grammars[s.seq_id] = GrammarState(compiled, s.sampling, self.vocab_size)
+                sampling = s.sampling
+                state = GrammarState(compiled, sampling.end_ids, sampling.prompt_len, self.vocab_size)
+                self._grammars[s.seq_id] = state
             state.sync(s.token_ids)
             states.append(state)
         return states
