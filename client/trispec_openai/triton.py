@@ -93,18 +93,16 @@ def _ints(value: np.ndarray | None) -> int | None:
     return None if value is None or value.size == 0 else int(value.reshape(-1)[0])
 
 
-def scalar_input(name: str, value: bool | float) -> aiogrpc.InferInput:
-    """A [1, 1] BOOL or FP32 input (the model's max_batch_size leads every shape)."""
-    array = np.array([[value]], dtype=np.bool_ if isinstance(value, bool) else np.float32)
-    tensor = aiogrpc.InferInput(name, [1, 1], "BOOL" if isinstance(value, bool) else "FP32")
+def scalar_input(name: str, value: bool | float | str) -> aiogrpc.InferInput:
+    """A [1, 1] BOOL, FP32 or BYTES input (the model's max_batch_size leads every shape)."""
+    if isinstance(value, str):
+        array, datatype = np.array([[value.encode("utf-8")]], dtype=object), "BYTES"
+    elif isinstance(value, bool):
+        array, datatype = np.array([[value]], dtype=np.bool_), "BOOL"
+    else:
+        array, datatype = np.array([[value]], dtype=np.float32), "FP32"
+    tensor = aiogrpc.InferInput(name, [1, 1], datatype)
     tensor.set_data_from_numpy(array)
-    return tensor
-
-
-def text_tensor(name: str, value: str) -> aiogrpc.InferInput:
-    """A [1, 1] BYTES input."""
-    tensor = aiogrpc.InferInput(name, [1, 1], "BYTES")
-    tensor.set_data_from_numpy(np.array([[value.encode("utf-8")]], dtype=object))
     return tensor
 
 
@@ -351,7 +349,7 @@ class TritonGenerator:
         if "return_num_input_tokens" in declared:
             inputs.append(scalar_input("return_num_input_tokens", True))
         if self.tokenizer_sha256 and TOKENIZER_INPUT in declared:
-            inputs.append(text_tensor(TOKENIZER_INPUT, self.tokenizer_sha256))
+            inputs.append(scalar_input(TOKENIZER_INPUT, self.tokenizer_sha256))
         done = asyncio.Event()
 
         async def requests() -> AsyncIterator[dict[str, object]]:
