@@ -146,6 +146,37 @@ def test_catch_up_cost_is_learned_and_spread_over_what_is_left() -> None:
     assert controller.choose([0, 1], [4, 4], lags=[2, 300], remaining=[500, 2]) == [4, 0]
 
 
+def test_catch_up_cost_is_per_token_beside_a_drafter_that_is_often_free() -> None:
+    # model + suffix decoding: half the drafting steps cost next to nothing (the suffix drafted), half
+    # run the model's three passes; a catch-up step always runs the model, plus 2.7 ms a token, and
+    # the draft pool's prefix cache left catch-ups of a few tokens only
+    model_s, per_token_s = 0.066, 0.0027
+    controller = GoodputController(warmup_steps=2)
+    for step in range(16):
+        controller.record_step([0], 0.0, 0.045)
+        controller.record_step([3], 0.0001 if step % 2 else model_s, 0.045 + 3 * 0.004)
+    for tokens in (1, 2, 1, 6, 4, 1):
+        controller.record_step([3], model_s + per_token_s * tokens, None, catch_up_tokens=tokens)
+    controller.cost = controller._fit()
+    assert controller.cost is not None
+    assert controller.cost.catch_up_token_s == pytest.approx(per_token_s, rel=0.05)  # not 11 ms
+    # so a request accepting its first draft two times in three, with 40 tokens to catch up and 63 to
+    # go, starts drafting (charged 11 ms a catch-up token, it stayed plain)
+    for _ in range(8):
+        for accepted in (1, 2, 0):
+            controller.record_round(7, 3, accepted)
+    assert controller.choose([7], [3], lags=[40], remaining=[63]) == [1]
+    controller.cost = replace(controller.cost, catch_up_token_s=0.011)
+    assert controller.choose([7], [3], lags=[40], remaining=[63]) == [0]
+    # catch-ups of a single length cannot split a step's part from a token's: the line through the
+    # origin (what they cost, all of it, per token) rather than a catch-up called free
+    alone = GoodputController(warmup_steps=2)
+    for _ in range(8):
+        alone.record_step([3], model_s, 0.057)
+        alone.record_step([3], model_s + per_token_s, None, catch_up_tokens=1)
+    assert alone._fit() is not None and alone._fit().catch_up_token_s == pytest.approx(per_token_s, rel=0.05)
+
+
 def test_no_catch_up_started_just_before_the_batch_grows_past_paying() -> None:
     # drafting pays at one sequence and not at eight (KNEED); a lone sequence whose draft cache
     # lacks its prompt starts drafting, amortising the catch-up over its 500 tokens to go, unless
