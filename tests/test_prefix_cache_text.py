@@ -216,3 +216,30 @@ def test_only_uncached_tokens_count_against_the_prefill_budget_and_the_kv_room()
     assert outputs[first][-1].finished and outputs[second][-1].finished
     assert llm.stats.prefill_tokens - prefilled <= 2  # (the prompts' last tokens ride with decodes)
     target.blocks.check()
+
+
+def test_a_draft_cache_starts_from_what_the_draft_pool_holds() -> None:
+    """Admitted, a drafting sequence takes the draft pool's cached blocks of its prompt at once, and
+    its draft cache counts as that far along: whether it starts drafting (adaptive k) weighs only the
+    rest of the catch-up, not the whole prompt (where an earlier request drafted over the same
+    system prompt, starting would otherwise look as dear as a cold prompt's)."""
+    llm, target, drafter = build("float32", "coupled", caching=True)
+    prompt = TEXT[:100]
+    run(llm, [GenerationRequest(prompt_token_ids=prompt, max_tokens=8, num_draft_tokens=2)])
+    assert drafter.engine.kv_usage().hit_tokens == 0
+    # 12 full blocks of 8 and 4 tokens copied from the block the answer began in; a sequence that
+    # never drafts takes none
+    for k, expected in ((2, 100), (0, 0)):
+        llm.add_request(GenerationRequest(prompt_token_ids=[*prompt, 7, 8], max_tokens=4, num_draft_tokens=k))
+        llm.step()
+        (seq,) = llm.scheduler.running
+        assert seq.draft_synced == expected
+        assert (
+            drafter.engine.cached_length(seq.seq_id) == expected
+            if k
+            else seq.seq_id not in drafter.engine.blocks
+        )
+        run_to_completion(llm)
+    assert drafter.engine.kv_usage().hit_tokens == 100
+    target.blocks.check()
+    drafter.engine.blocks.check()

@@ -17,6 +17,15 @@ from trispec.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
+class Admitted:
+    """What a sequence's caches hold of its verified tokens as it is admitted (their prefix caches)."""
+
+    cached: int  # the target's: the scheduler feeds only the rest, always at least the last
+    # the draft model's (0 without one): what drafting would not have to catch up on
+    draft_cached: int = 0
+
+
+@dataclass(frozen=True)
 class SeqStep:
     """One sequence in one step.
 

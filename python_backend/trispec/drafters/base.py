@@ -2,8 +2,9 @@
 
 A drafter proposes up to k tokens for many sequences at once. Model drafters keep their own KV
 cache of the verified tokens, filled lazily: a proposal first feeds whatever the cache lacks (the
-whole prompt the first time a sequence drafts, less what the draft pool's prefix cache holds), so a
-sequence that never drafts (k = 0 under adaptive speculation) costs the draft model nothing. After
+whole prompt the first time a sequence drafts, less what the draft pool's prefix cache held of it at
+``add_sequence``), so a sequence that never drafts (k = 0 under adaptive speculation) costs the draft
+model no computation. After
 each verify the runner tells them how many tokens of the sequence are verified (``rollback``) and
 which (``cache_verified``: their full blocks may then serve later requests).
 """
@@ -60,9 +61,13 @@ class Drafter(Protocol):
         drafters without a cache)."""
         ...
 
-    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
-        """Register a sequence; a model drafter takes KV blocks only as it drafts (and shares cached
-        ones only with sequences of the same ``cache_salt``)."""
+    def add_sequence(
+        self, seq_id: int, max_length: int, cache_salt: str = "", token_ids: Sequence[int] = ()
+    ) -> int:
+        """Register a sequence of verified ``token_ids``; returns how many of them its draft cache
+        holds already (0 without one). A model drafter takes what its pool's prefix cache holds of
+        them (blocks shared only with sequences of the same ``cache_salt``) and further KV blocks only
+        as it drafts."""
         ...
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]: ...
@@ -90,8 +95,10 @@ class StatelessDrafter:
     def room_for(self, lengths: Mapping[int, int]) -> bool:
         return True
 
-    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
-        pass
+    def add_sequence(
+        self, seq_id: int, max_length: int, cache_salt: str = "", token_ids: Sequence[int] = ()
+    ) -> int:
+        return 0
 
     def rollback(self, seq_id: int, num_verified: int) -> None:
         pass

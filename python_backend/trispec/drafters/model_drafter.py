@@ -53,10 +53,17 @@ class ModelDrafter:
     def room_for(self, lengths: Mapping[int, int]) -> bool:
         return self.engine.room_for(lengths)
 
-    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
+    def add_sequence(
+        self, seq_id: int, max_length: int, cache_salt: str = "", token_ids: Sequence[int] = ()
+    ) -> int:
         # a draft pool smaller than the target's caps how far a sequence can draft (``room_for``
         # then says no and the sequence decodes plain), never which sequences are served
         self.engine.add_sequence(seq_id, min(max_length, self.engine.max_context), cache_salt)
+        if self.kv_source is not None or not token_ids:
+            return 0  # a self-draft copies the target's keys and values when it first drafts
+        # the pool's prefix cache now, not at the first draft: so the sequence holds those blocks
+        # (they stay), and whether to start drafting weighs only what is left to feed
+        return self.engine.reuse_prefix(seq_id, token_ids)
 
     def catch_up_from_caches(self, seq_id: int, token_ids: Sequence[int], own_kv: bool) -> None:
         """Before feeding what the draft cache lacks: a self-draft takes the target's keys and values

@@ -213,8 +213,11 @@ class SuffixDrafter(StatelessDrafter):
         self.num_examined = 0
 
     # -- the Drafter protocol --------------------------------------------------------------------
-    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
+    def add_sequence(
+        self, seq_id: int, max_length: int, cache_salt: str = "", token_ids: Sequence[int] = ()
+    ) -> int:
         self._seqs[seq_id] = _SequenceState()
+        return 0
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         proposals = []

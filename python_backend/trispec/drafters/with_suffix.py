@@ -26,9 +26,11 @@ class WithSuffix:
     def room_for(self, lengths: Mapping[int, int]) -> bool:
         return self.model.room_for(lengths)
 
-    def add_sequence(self, seq_id: int, max_length: int, cache_salt: str = "") -> None:
-        self.model.add_sequence(seq_id, max_length, cache_salt)
-        self.suffix.add_sequence(seq_id, max_length, cache_salt)
+    def add_sequence(
+        self, seq_id: int, max_length: int, cache_salt: str = "", token_ids: Sequence[int] = ()
+    ) -> int:
+        self.suffix.add_sequence(seq_id, max_length, cache_salt, token_ids)
+        return self.model.add_sequence(seq_id, max_length, cache_salt, token_ids)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         proposals = self.suffix.propose(requests)

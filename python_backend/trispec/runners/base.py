@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from trispec.sampling_params import SamplingParams
-from trispec.step import KVCacheMetrics, KVUsage, SeqStep, StepPlan, StepResult
+from trispec.step import Admitted, KVCacheMetrics, KVUsage, SeqStep, StepPlan, StepResult
 
 
 class SpecRunner(Protocol):
@@ -70,12 +70,13 @@ class SpecRunner(Protocol):
         drafts: bool,
         token_ids: Sequence[int] = (),
         cache_salt: str = "",
-    ) -> int:
+    ) -> Admitted:
         """Admit a sequence of ``token_ids`` (its verified tokens) that may reach ``max_length``
         tokens, with its random state (seeded from ``sampling``; a preempted sequence re-admitted
         keeps the state it had). Returns how many of its tokens the target's cache already holds
         (its prefix cache, blocks shared with sequences of the same ``cache_salt``): the scheduler
-        feeds only the rest, always at least the last."""
+        feeds only the rest, always at least the last; and, for a sequence that ``drafts``, how many
+        a draft model's cache holds (what drafting would not have to catch up on)."""
         ...
 
     def room_for(self, steps: Sequence[SeqStep]) -> bool:

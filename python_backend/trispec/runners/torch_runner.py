@@ -30,7 +30,16 @@ from trispec.runners.torch_graph_side import GraphSide
 from trispec.runners.torch_guided import GuidedSide
 from trispec.sampling import make_generator
 from trispec.sampling_params import SamplingParams
-from trispec.step import GRAMMAR_COMPLETE, KVCacheMetrics, KVUsage, SeqResult, SeqStep, StepPlan, StepResult
+from trispec.step import (
+    GRAMMAR_COMPLETE,
+    Admitted,
+    KVCacheMetrics,
+    KVUsage,
+    SeqResult,
+    SeqStep,
+    StepPlan,
+    StepResult,
+)
 from trispec.verifier import verify_round
 
 if TYPE_CHECKING:
@@ -123,19 +132,20 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         drafts: bool,
         token_ids: Sequence[int] = (),
         cache_salt: str = "",
-    ) -> int:
+    ) -> Admitted:
         self.target.add_sequence(seq_id, max_length, cache_salt)
         self._admitted.add(seq_id)
         cached = self.target.reuse_prefix(seq_id, token_ids) if token_ids else 0
+        draft_cached = 0
         if drafts:
-            self.drafter.add_sequence(seq_id, max_length, cache_salt)
+            draft_cached = self.drafter.add_sequence(seq_id, max_length, cache_salt, token_ids)
             self._drafting.add(seq_id)
         # the rejection rule's random state: the request's own, so its draws never depend on what it
         # is batched with, nor on whether it was preempted and recomputed (the coupled rule draws
         # nothing: its noise is keyed by seed and position)
         if seq_id not in self._generators:
             self._generators[seq_id] = make_generator(sampling) if sampling.samples_by_rejection else None
-        return cached
+        return Admitted(cached, draft_cached)
 
     def room_for(self, steps: Sequence[SeqStep]) -> bool:
         lengths = {s.seq_id: s.feed_to + s.num_draft_tokens for s in steps}

@@ -36,7 +36,7 @@ from trispec.runners.trtllm_drafting import NO_END_ID, Draft, TrtllmDrafting
 from trispec.runners.trtllm_engines import EngineInfo, context_limit, draft_room, refusal
 from trispec.runners.trtllm_executor import Completion, TrtllmExecutor
 from trispec.sampling_params import SamplingParams
-from trispec.step import KVCacheMetrics, KVUsage, SeqResult, SeqStep, StepPlan, StepResult
+from trispec.step import Admitted, KVCacheMetrics, KVUsage, SeqResult, SeqStep, StepPlan, StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -153,14 +153,14 @@ class TrtllmSpecRunner:
         drafts: bool,
         token_ids: Sequence[int] = (),
         cache_salt: str = "",
-    ) -> int:
+    ) -> Admitted:
         seq = _Seq(sampling, drafts, max_length, salt_id=cache_salt_id(cache_salt))
         if sampling.seed is not None:
             seq.base_seed = sampling.seed
         self._seqs[seq_id] = seq
         # the executors find reusable blocks themselves when the first round is sent (reported from
         # their own metrics); the scheduler feeds the whole prompt in our books
-        return 0
+        return Admitted(0)
 
     def room_for(self, steps: Sequence[SeqStep]) -> bool:
         # each round is a request to the executors, whose own capacity scheduler queues it until

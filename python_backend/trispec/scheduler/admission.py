@@ -43,10 +43,13 @@ class Admission:
 
     def _start(self, seq: Sequence) -> None:
         # the prefix cache may hold its first tokens: only the rest is fed (at least the last)
-        cached = self.runner.add(
+        admitted = self.runner.add(
             seq.seq_id, seq.max_length, seq.sampling, seq.drafts, seq.token_ids, seq.cache_salt
         )
-        seq.num_computed = cached
+        seq.num_computed = admitted.cached
+        # what the draft pool's prefix cache gave: the adaptive controller weighs only the rest
+        # of the catch-up when deciding whether this sequence starts drafting
+        seq.draft_synced = admitted.draft_cached
         seq.admitted_at = self.clock()
         if seq.first_scheduled_ns is None:
             seq.first_scheduled_ns = time.time_ns()
