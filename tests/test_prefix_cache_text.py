@@ -8,6 +8,7 @@ other sequences; so a block computed for one request is what any other would hav
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -241,5 +242,22 @@ def test_a_draft_cache_starts_from_what_the_draft_pool_holds() -> None:
         )
         run_to_completion(llm)
     assert drafter.engine.kv_usage().hit_tokens == 100
+    target.blocks.check()
+    drafter.engine.blocks.check()
+
+
+def test_a_prompt_longer_than_the_draft_context_takes_no_more_than_the_draft_holds() -> None:
+    """A draft model with a shorter context than the target's: a prompt past it is admitted (its
+    draft cache takes at most what fits, and it decodes plain), with the tokens of a run without a
+    drafter."""
+    target = make_engine("float32", prefix_caching=True)
+    drafter = ModelDrafter(make_engine("bfloat16", prefix_caching=True, max_context=64))
+    llm = spec_engine(target, drafter)
+    short = GenerationRequest(prompt_token_ids=TEXT[:40], max_tokens=16, num_draft_tokens=2)
+    long = GenerationRequest(prompt_token_ids=TEXT[:90], max_tokens=8, num_draft_tokens=2)
+    got = run(llm, [short]) + run(llm, [long, long])
+    plain = [replace(r, num_draft_tokens=0) for r in (short, long, long)]
+    assert got == run(spec_engine(make_engine("float32"), None), plain)
+    assert drafter.engine.kv_usage().hit_tokens > 0  # the short prompt's blocks served the long ones
     target.blocks.check()
     drafter.engine.blocks.check()
