@@ -174,7 +174,8 @@ def test_catch_up_cost_is_per_token_beside_a_drafter_that_is_often_free() -> Non
     for _ in range(8):
         alone.record_step([3], model_s, 0.057)
         alone.record_step([3], model_s + per_token_s, None, catch_up_tokens=1)
-    assert alone._fit() is not None and alone._fit().catch_up_token_s == pytest.approx(per_token_s, rel=0.05)
+    fitted = alone._fit()
+    assert fitted is not None and fitted.catch_up_token_s == pytest.approx(per_token_s, rel=0.05)
 
 
 def test_no_catch_up_started_just_before_the_batch_grows_past_paying() -> None:

@@ -229,9 +229,13 @@ def test_a_draft_cache_starts_from_what_the_draft_pool_holds() -> None:
     run(llm, [GenerationRequest(prompt_token_ids=prompt, max_tokens=8, num_draft_tokens=2)])
     assert drafter.engine.kv_usage().hit_tokens == 0
     # 12 full blocks of 8 and 4 tokens copied from the block the answer began in; a sequence that
-    # never drafts takes none
-    for k, expected in ((2, 100), (0, 0)):
-        llm.add_request(GenerationRequest(prompt_token_ids=[*prompt, 7, 8], max_tokens=4, num_draft_tokens=k))
+    # never drafts takes none, and one of another tenant (cache salt) none of the first's
+    for k, salt, expected in ((2, None, 100), (0, None, 0), (2, "tenant-b", 0)):
+        llm.add_request(
+            GenerationRequest(
+                prompt_token_ids=[*prompt, 7, 8], max_tokens=4, num_draft_tokens=k, cache_salt=salt
+            )
+        )
         llm.step()
         (seq,) = llm.scheduler.running
         assert seq.draft_synced == expected
