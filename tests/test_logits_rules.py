@@ -15,7 +15,7 @@ import torch
 from tiny import ascii_tokenizer, model_drafter, run_to_completion, spec_engine, tiny_engine, tokens_of
 from trispec.engine.base import ForwardInput
 from trispec.errors import InvalidInputError
-from trispec.logits_rules import apply_rules
+from trispec.logits_rules import apply_rules, log_probs_of, top_log_probs_of
 from trispec.request import GenerationRequest
 from trispec.sampling import logits_to_probs
 from trispec.sampling_params import SamplingParams
@@ -143,4 +143,80 @@ def test_sampled_log_probs_are_those_of_the_distribution_sampled_from() -> None:
     logits = target.forward([ForwardInput(0, PROMPT, 1)])[0]
     for token, lp in zip(tokens, log_probs):
         assert lp == pytest.approx(math.log(float(logits_to_probs(logits[-1:], params)[0, token])), abs=1e-4)
+        logits = target.forward([ForwardInput(0, [token], 1)])[0]
+
+
+def test_alternatives_are_the_most_likely_tokens_in_a_canonical_order() -> None:
+    # token 3 and token 1 tie; the lower id comes first whatever topk returns
+    logits = torch.tensor([[0.0, 2.0, -1.0, 2.0, 1.0], [5.0, 0.0, 0.0, 0.0, 0.0]])
+    greedy = SamplingParams(return_log_probs=True, top_log_probs=3)
+    rows = top_log_probs_of(logits, greedy, 2)
+    assert rows[0].token_ids == (1, 3, 4) and rows[1].token_ids == (0, 1, 2)
+    log_softmax = torch.log_softmax(logits, -1)
+    assert rows[0].log_probs == pytest.approx([float(log_softmax[0, i]) for i in (1, 3, 4)])
+    # the emitted token's own log-prob is its entry among them
+    assert log_probs_of(logits, greedy, [3, 0]) == pytest.approx([rows[0].log_probs[1], rows[1].log_probs[0]])
+    # sampled with top_k 2: only what the distribution can give, fewer than asked for
+    sampled = SamplingParams(temperature=0.5, top_k=2, seed=1, return_log_probs=True, top_log_probs=4)
+    probs = logits_to_probs(logits, sampled)
+    cut = top_log_probs_of(logits, sampled, 2, probs)
+    assert cut[0].token_ids == (1, 3) and cut[0].log_probs == pytest.approx([math.log(0.5)] * 2)
+    assert len(cut[1].token_ids) == 2 and cut[1].token_ids[0] == 0
+    assert top_log_probs_of(logits, greedy, 0) == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"top_log_probs": 2}, "needs return_log_probs"),
+        ({"top_log_probs": 21, "return_log_probs": True}, r"must be in \[0, 20\]"),
+        ({"top_log_probs": -1, "return_log_probs": True}, r"must be in \[0, 20\]"),
+        ({"top_log_probs": True, "return_log_probs": True}, "must be an integer"),
+    ],
+)
+def test_bad_alternative_counts_are_refused_by_name(fields: dict, message: str) -> None:
+    with pytest.raises(InvalidInputError, match=f"top_log_probs.*{message}"):
+        SamplingParams(**fields)
+
+
+@pytest.mark.parametrize("fields", [{}, {"temperature": 0.8, "top_k": 3, "seed": 3}])
+def test_alternatives_are_the_target_only_runs_whatever_k(fields: dict) -> None:
+    """Alternatives come from the verify rows, bit for bit what a k = 0 run gives; and they are the
+    top of the target's own distribution at each emitted token, which ranks among them (sampled with
+    top_k 3: three of the five asked for, the only tokens that could be drawn)."""
+    runs = {}
+    for k in (0, 4):
+        llm = spec_engine(tiny_engine(0), model_drafter(5), max_context=256)
+        request = GenerationRequest(
+            prompt_token_ids=PROMPT,
+            max_tokens=16,
+            num_draft_tokens=k,
+            return_log_probs=True,
+            top_log_probs=5,
+            **fields,
+        )
+        rid = llm.add_request(request)
+        outputs = run_to_completion(llm)[rid]
+        top = [alt for out in outputs for alt in (out.new_top_log_probs or [])]
+        log_probs = [lp for out in outputs for lp in (out.new_log_probs or [])]
+        runs[k] = (tokens_of(outputs), log_probs, top)
+    assert runs[0] == runs[4]
+    tokens, log_probs, top = runs[0]
+    assert len(top) == len(tokens) == 16
+    params = SamplingParams(**{k: v for k, v in fields.items() if k != "seed"})
+    target = tiny_engine(0)
+    target.add_sequence(0, len(PROMPT) + 16)
+    logits = target.forward([ForwardInput(0, PROMPT, 1)])[0]
+    for token, lp, alternatives in zip(tokens, log_probs, top):
+        row = logits[-1:]
+        dist = torch.log_softmax(row, -1) if params.greedy else torch.log(logits_to_probs(row, params))
+        values, ids = torch.topk(dist[0], 5)
+        kept = [(float(v), int(i)) for v, i in zip(values, ids) if v != -math.inf]
+        assert set(alternatives.token_ids) == {i for _, i in kept}
+        assert list(alternatives.log_probs) == pytest.approx(
+            sorted((v for v, _ in kept), reverse=True), abs=1e-4
+        )
+        assert len(alternatives.token_ids) == (5 if params.greedy else 3)
+        assert token in alternatives.token_ids
+        assert alternatives.log_probs[alternatives.token_ids.index(token)] == lp
         logits = target.forward([ForwardInput(0, [token], 1)])[0]

@@ -219,3 +219,23 @@ def test_a_repeated_prompt_reports_its_cached_tokens_and_reused_blocks(served) -
     assert warm["cached_tokens"][0, 0] == len(prompt) - 1  # every prompt token but the last
     reused, missed = warm["kv_cache_reused_blocks"][0, 0], warm["kv_cache_missed_blocks"][0, 0]
     assert reused > 0 and missed == 0 and warm["kv_cache_hit_rate"][0, 0] == 1.0
+
+
+def test_alternatives_come_beside_each_responses_log_probs(served) -> None:
+    loop = served[0]
+    streamed, whole = RecordingSink(), RecordingSink()
+    for sink, stream in ((streamed, True), (whole, False)):
+        request = GenerationRequest(prompt="abc", max_tokens=10, return_log_probs=True, top_log_probs=3)
+        loop.submit(ParsedRequest(request, stream, False, 1, False, False, True), sink)
+    wait(streamed, whole)
+    rows = {}
+    for name, sink in (("streamed", streamed), ("whole", whole)):
+        ids = np.concatenate([t["output_top_token_ids"] for t, _ in sink.responses], axis=2)
+        values = np.concatenate([t["output_top_log_probs"] for t, _ in sink.responses], axis=2)
+        log_probs = np.concatenate([t["output_log_probs"] for t, _ in sink.responses], axis=2)
+        assert ids.shape == values.shape == (1, 1, 10, 3) and ids.dtype == np.int32
+        # greedy: each emitted token is its row's most likely one, its log-prob the first alternative's
+        assert np.array_equal(values[0, 0, :, 0], log_probs[0, 0])
+        assert (np.diff(values[0, 0], axis=1) <= 0).all() and (ids >= 0).all()
+        rows[name] = (ids, values)
+    assert all(np.array_equal(a, b) for a, b in zip(rows["streamed"], rows["whole"]))

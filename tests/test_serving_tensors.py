@@ -21,7 +21,7 @@ from trispec.serving.tensors import (
     response_tensors,
 )
 from trispec.stats import AcceptanceStats
-from trispec.step import KVCacheMetrics
+from trispec.step import KVCacheMetrics, TokenAlternatives
 
 
 def test_defaults_come_from_the_yaml_section() -> None:
@@ -30,7 +30,7 @@ def test_defaults_come_from_the_yaml_section() -> None:
     assert (g.prompt, g.max_tokens, g.temperature, g.top_k, g.top_p) == ("Hello", 32, 0.0, 0, 1.0)
     assert g.num_draft_tokens is None and g.seed is None and g.end_id is None and tuple(g.stop) == ()
     assert (g.repetition_penalty, g.presence_penalty, g.frequency_penalty, g.min_tokens) == (1.0, 0.0, 0.0, 0)
-    assert tuple(g.bad_words) == () and not g.return_log_probs
+    assert tuple(g.bad_words) == () and not g.return_log_probs and g.top_log_probs == 0
     assert parsed.stream is False and parsed.exclude_input_in_output is False
     assert parsed.num_return_sequences == 1 and not parsed.return_perf_metrics
 
@@ -54,6 +54,7 @@ def test_every_field_is_read() -> None:
         frequency_penalty=np.array([[0.25]], dtype=np.float32),
         min_length=np.array([[4]], dtype=np.int32),
         return_log_probs=np.array([[True]]),
+        top_log_probs=np.array([[4]], dtype=np.int32),
         num_return_sequences=np.array([[3]], dtype=np.int32),
         return_perf_metrics=np.array([[True]]),
         return_num_input_tokens=np.array([[True]]),
@@ -77,7 +78,7 @@ def test_every_field_is_read() -> None:
     assert (g.presence_penalty, g.frequency_penalty) == (0.5, 0.25)
     assert g.seed == 2**63 + 5
     assert list(g.stop) == ["a", "b", "c"]  # CSV inside each string, as the BLS model reads them
-    assert list(g.bad_words) == ["x"] and g.return_log_probs
+    assert list(g.bad_words) == ["x"] and g.return_log_probs and g.top_log_probs == 4
     assert parsed.stream and parsed.exclude_input_in_output
     assert parsed.num_return_sequences == 3
     assert parsed.return_perf_metrics and parsed.return_num_input_tokens and parsed.return_num_output_tokens
@@ -156,6 +157,11 @@ def test_inputs_we_cannot_honour_are_refused_saying_why(spec) -> None:
         ({"text_input": "x", "beam_width": np.array([[4]], dtype=np.int32)}, "beam_width"),
         ({"text_input": "x", "max_tokens": np.array([[1, 2]], dtype=np.int32)}, "max_tokens"),
         ({"text_input": "x", "stop_words": np.array([[b"\xc3"]], dtype=object)}, "stop_words"),
+        ({"text_input": "x", "top_log_probs": np.array([[3]], dtype=np.int32)}, "top_log_probs"),
+        (
+            {"text_input": "x", "return_log_probs": np.array([[True]]), "top_log_probs": np.array([[21]])},
+            "top_log_probs",
+        ),
     ],
 )
 def test_bad_input_names_the_tensor(values: dict, field: str) -> None:
@@ -195,6 +201,8 @@ def test_response_tensors_follow_the_output_table() -> None:
         sequence_index=2,
         log_probs=[-0.5, -0.25],
         cum_log_prob=-1.5,
+        # the second token's distribution (top-k 1) gives one token of the two asked for
+        top_log_probs=(2, [TokenAlternatives((7, 3), (-0.5, -1.25)), TokenAlternatives((4,), (0.0,))]),
         perf=PerfMetrics(10, 20, 30, 40, KVCacheMetrics(5, 3, 1, 3, 40)),
         num_input_tokens=6,
         num_output_tokens=2,
@@ -209,7 +217,12 @@ def test_response_tensors_follow_the_output_table() -> None:
     assert set(final) == declared - never_sent
     # text_output is [1], as the BLS model sends it (NVIDIA's client does output[0].decode())
     assert plain["text_output"].shape == (1,) and plain["text_output"][0] == "héllo".encode()
-    assert all(t.shape == (1, 1) for n, t in final.items() if n not in ("text_output", "output_log_probs"))
+    shaped = ("text_output", "output_log_probs", "output_top_token_ids", "output_top_log_probs")
+    assert all(t.shape == (1, 1) for n, t in final.items() if n not in shaped)
+    assert final["output_top_token_ids"].tolist() == [[[[7, 3], [4, -1]]]]
+    assert final["output_top_token_ids"].dtype == np.int32
+    lowest = float(np.finfo(np.float32).min)  # padding: not -inf, which Triton's JSON cannot carry
+    assert final["output_top_log_probs"].tolist() == [[[[-0.5, -1.25], [0.0, lowest]]]]
     assert final["output_log_probs"].shape == (1, 1, 2) and final["output_log_probs"].dtype == np.float32
     assert final["cum_log_probs"][0, 0] == -1.5
     assert (final["batch_index"][0, 0], final["sequence_index"][0, 0]) == (1, 2)

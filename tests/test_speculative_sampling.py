@@ -170,12 +170,12 @@ def _shared_noise_pq_round(decodes, drafts, logits, generators, masks=None):  # 
                 continue
             residual = (p[i] - q[i]).clamp(min=0)
             score = torch.log(residual).double() + gumbel_of(bits)
-            results.append((AcceptResult(i, [*tokens, int(score.argmax())]), None))
+            results.append(verifier.Verified(AcceptResult(i, [*tokens, int(score.argmax())])))
             break
         else:
             k = len(d.tokens)
             score = torch.log(p[k]).double() + gumbel(s.sampling.seed, first + k, torch.arange(V))
-            results.append((AcceptResult(k, [*tokens, int(score.argmax())]), None))
+            results.append(verifier.Verified(AcceptResult(k, [*tokens, int(score.argmax())])))
     return results
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from trispec.sampling_params import SamplingParams
+from trispec.step import TokenAlternatives
 
 
 def apply_rules(
@@ -66,6 +67,33 @@ def log_probs_of(
     logits when greedy, as TensorRT-LLM reports them."""
     ids = torch.as_tensor(list(tokens), dtype=torch.long).view(-1, 1)
     n = len(tokens)
+    return _log_prob_rows(logits, params, n, probs).gather(1, ids).view(n).tolist()
+
+
+def top_log_probs_of(
+    logits: torch.Tensor, params: SamplingParams, rows: int, probs: torch.Tensor | None = None
+) -> list[TokenAlternatives]:
+    """The ``params.top_log_probs`` most likely tokens of each of the first ``rows`` rows, under the
+    distribution :func:`log_probs_of` reads (so a token's own log-prob is among them when it ranks)."""
+    values = _log_prob_rows(logits, params, rows, probs)
+    count = min(params.top_log_probs, values.shape[-1])
+    if rows == 0 or count == 0:
+        return [TokenAlternatives((), ()) for _ in range(rows)]
+    floors = torch.topk(values, count, dim=-1).values[:, -1].tolist()
+    alternatives = []
+    for row, floor in zip(values, floors):
+        # every token at or above the count-th value, so that ties at the edge are chosen by id, not
+        # by how topk happens to pick; -inf: a token the distribution cannot give, never listed
+        found = torch.nonzero(row >= floor if floor != -math.inf else row > floor).view(-1)
+        ranked = sorted(zip((-row[found]).tolist(), found.tolist()))[:count]
+        alternatives.append(TokenAlternatives(tuple(i for _, i in ranked), tuple(-lp for lp, _ in ranked)))
+    return alternatives
+
+
+def _log_prob_rows(
+    logits: torch.Tensor, params: SamplingParams, rows: int, probs: torch.Tensor | None
+) -> torch.Tensor:
+    """``[rows, V]`` log-probabilities: of ``probs`` when sampling, the softmax of ``logits`` when greedy."""
     if params.greedy or probs is None:
-        return torch.log_softmax(logits[:n].float(), dim=-1).gather(1, ids).view(n).tolist()
-    return torch.log(probs[:n].gather(1, ids).view(n)).tolist()
+        return torch.log_softmax(logits[:rows].float(), dim=-1)
+    return torch.log(probs[:rows])

@@ -39,6 +39,8 @@ class GenerationRequest:
     # end ids are not emitted before this many tokens
     min_tokens: int = 0
     return_log_probs: bool = False
+    # with return_log_probs: the this-many most likely tokens at each position too (up to 20)
+    top_log_probs: int = 0
     # a resumed stream: the text of the first this-many output tokens is not returned (the caller has
     # it); they are generated as usual, and their text comes back in ``RequestOutput.skipped_text``
     skip_output_tokens: int = 0
@@ -60,6 +62,7 @@ class GenerationRequest:
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             return_log_probs=self.return_log_probs,
+            top_log_probs=self.top_log_probs,
             min_tokens=self.min_tokens,
         )
 

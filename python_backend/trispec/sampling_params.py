@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 _MAX_SEED = 2**64 - 1
 # how a sampled token is drawn and drafts checked (``speculation.sampling_rule``, sampling/coupled.py)
 SAMPLING_RULES = ("coupled", "rejection")
+# the most alternatives a token's log-prob comes with (OpenAI's top_logprobs allows 20)
+MAX_TOP_LOG_PROBS = 20
 
 
 def _real(field: str, value: object) -> float:
@@ -46,6 +48,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     # report the log-probability of each emitted token
     return_log_probs: bool = False
+    # with return_log_probs: also the this-many most likely tokens at each position, with their
+    # log-probs under the same distribution (OpenAI's top_logprobs; 0: none)
+    top_log_probs: int = 0
     # resolved by the scheduler from the request: token sequences never emitted (the last token is
     # masked where the sequence so far ends with the others), end ids masked until ``min_tokens``
     # tokens were generated, and the prompt length (where generated tokens start)
@@ -86,6 +91,13 @@ class SamplingParams:
         min_tokens = _integral("min_tokens", self.min_tokens)
         if min_tokens < 0:
             raise InvalidInputError("min_tokens", f"must be >= 0, got {self.min_tokens!r}")
+        top_log_probs = _integral("top_log_probs", self.top_log_probs)
+        if not 0 <= top_log_probs <= MAX_TOP_LOG_PROBS:
+            raise InvalidInputError(
+                "top_log_probs", f"must be in [0, {MAX_TOP_LOG_PROBS}], got {self.top_log_probs!r}"
+            )
+        if top_log_probs and not self.return_log_probs:
+            raise InvalidInputError("top_log_probs", "needs return_log_probs (alternatives come beside them)")
         if self.rule not in SAMPLING_RULES:
             raise InvalidInputError(
                 "sampling_rule", f"must be one of {', '.join(SAMPLING_RULES)}, got {self.rule!r}"
@@ -93,6 +105,7 @@ class SamplingParams:
         object.__setattr__(self, "repetition_penalty", repetition)
         object.__setattr__(self, "min_tokens", min_tokens)
         object.__setattr__(self, "return_log_probs", bool(self.return_log_probs))
+        object.__setattr__(self, "top_log_probs", top_log_probs)
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_k", top_k)
         object.__setattr__(self, "top_p", top_p)

@@ -17,6 +17,17 @@ from trispec.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
+class TokenAlternatives:
+    """At one generated position: the most likely tokens, most likely first (ties: lower id first),
+    and their log-probs under the distribution the token's own log-prob comes from. Tokens that
+    distribution cannot produce (top-k / top-p cut them) are left out, so there may be fewer than
+    asked for."""
+
+    token_ids: tuple[int, ...]
+    log_probs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Admitted:
     """What a sequence's caches hold of its verified tokens as it is admitted (their prefix caches)."""
 
@@ -74,6 +85,8 @@ class SeqResult:
     error: str | None = None
     # log-probability of each of ``new_token_ids`` (when the request asked for them)
     log_probs: list[float] | None = None
+    # beside ``log_probs``, when the request asked for alternatives: one entry per new token
+    top_log_probs: list[TokenAlternatives] | None = None
     # a guided sequence the grammar ended with no token: GRAMMAR_COMPLETE (satisfied, no end id to
     # emit), else why no token was allowed (a dead end)
     grammar_end: str | None = None

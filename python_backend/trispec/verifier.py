@@ -10,15 +10,26 @@ the round in one batched call, then keep their drafts while they match (accept.p
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from trispec.accept import AcceptResult, accept_matching, speculative_accept
 from trispec.drafters.base import DraftProposal
 from trispec.guided.state import mask_rows
-from trispec.logits_rules import apply_rules, log_probs_of
+from trispec.logits_rules import apply_rules, log_probs_of, top_log_probs_of
 from trispec.sampling import coupled_tokens, logits_to_probs
-from trispec.step import SeqStep
+from trispec.step import SeqStep, TokenAlternatives
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One sequence's outcome of a round: its accepted tokens and, when asked for, their log-probs
+    and alternatives."""
+
+    accepted: AcceptResult
+    log_probs: list[float] | None = None
+    top_log_probs: list[TokenAlternatives] | None = None
 
 
 def verify_round(
@@ -27,12 +38,12 @@ def verify_round(
     logits: Sequence[torch.Tensor],
     generators: Mapping[int, torch.Generator | None],
     masks: Sequence[torch.Tensor | None] | None = None,
-) -> list[tuple[AcceptResult, list[float] | None]]:
+) -> list[Verified]:
     """``logits[i]`` ``[k_i + 1, V]``: row j scores draft j of ``decodes[i]``, row k_i its bonus
     position. Returns each sequence's accepted tokens and, when its request asks for them, their
-    log-probabilities under the target's distribution. A guided sequence's rows are masked by its
-    grammar first (``masks[i]``, ``[k_i + 1, V]``); where its first row allows no token it gets no
-    token at all (the grammar ended it)."""
+    log-probabilities under the target's distribution (and the most likely tokens beside each). A
+    guided sequence's rows are masked by its grammar first (``masks[i]``, ``[k_i + 1, V]``); where
+    its first row allows no token it gets no token at all (the grammar ended it)."""
     shaped = [
         apply_rules(rows, s.sampling, s.token_ids, d.tokens) if s.sampling.shapes_logits else rows
         for s, d, rows in zip(decodes, drafts, logits, strict=True)
@@ -62,7 +73,7 @@ def verify_round(
     for i, s in enumerate(decodes):
         probs = None
         if i in ended:
-            results.append((accepted[i], None))
+            results.append(Verified(accepted[i]))
             continue
         if s.sampling.samples_by_rejection:
             probs = logits_to_probs(shaped[i], s.sampling)
@@ -71,11 +82,15 @@ def verify_round(
         result = accepted[i]
         assert result is not None
         if not s.sampling.return_log_probs:
-            results.append((result, None))
+            results.append(Verified(result))
             continue
         if probs is None and not s.sampling.greedy:
             probs = logits_to_probs(shaped[i], s.sampling)
-        results.append((result, log_probs_of(shaped[i], s.sampling, result.tokens, probs)))
+        log_probs = log_probs_of(shaped[i], s.sampling, result.tokens, probs)
+        top = None
+        if s.sampling.top_log_probs:
+            top = top_log_probs_of(shaped[i], s.sampling, len(result.tokens), probs)
+        results.append(Verified(result, log_probs, top))
     return results
 
 

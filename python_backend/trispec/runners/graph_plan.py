@@ -2,7 +2,8 @@
 
 Taken when every decode feeds just its last verified token (the runner feeds prompt tails and chunks
 eagerly first), has ``k <= max_k``, no penalties, bad words or min_tokens (those shape the logits on
-the host: eager), and is greedy or sampled by the coupled rule with a seed. Drafts come from the draft
+the host: eager), no log-prob alternatives (a top-N of each row, on the host: eager), and is greedy
+or sampled by the coupled rule with a seed. Drafts come from the draft
 model's replays, or from a model-free drafter on the host (n-gram, suffix: staged with the verify
 rows, no replays), or both (``WithSuffix``: the suffix index's full-k proposals are used, and when
 the model runs for other sequences they are fed to it in its replays, so its cache stays exact). A
@@ -66,7 +67,7 @@ def sampler_mode(params: Sequence[SamplingParams], vocab_size: int, log_probs: b
 
 def qualifies(s: SeqStep, max_k: int) -> bool:
     sp = s.sampling
-    if s.is_prompt_chunk or sp.shapes_logits or sp.samples_by_rejection or sp.guided:
+    if s.is_prompt_chunk or sp.shapes_logits or sp.samples_by_rejection or sp.guided or sp.top_log_probs:
         return False
     if not sp.greedy and sp.seed is None:  # the eager path says why
         return False

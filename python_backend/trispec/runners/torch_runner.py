@@ -241,7 +241,8 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         logits = self.target.forward(inputs)
         results = {}
         verified = verify_round(decodes, drafts, logits[: len(decodes)], self._generators, masks)
-        for s, draft, guide, (accepted, log_probs) in zip(decodes, drafts, guides, verified):
+        for s, draft, guide, outcome in zip(decodes, drafts, guides, verified):
+            accepted = outcome.accepted
             # the caches keep the fed tokens and the accepted drafts; the target's own token is
             # fed in the next step
             computed = s.feed_to + accepted.num_accepted
@@ -256,7 +257,8 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
                 len(draft.tokens),
                 accepted.num_accepted,
                 computed,
-                log_probs=log_probs,
+                log_probs=outcome.log_probs,
+                top_log_probs=outcome.top_log_probs,
                 grammar_end=grammar_end,
             )
         for s in chunks:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from trispec.errors import InvalidInputError
 from trispec.sequence import FinishReason, Sequence
 from trispec.stats import AcceptanceStats, EngineStats
-from trispec.step import GRAMMAR_COMPLETE, KVCacheMetrics, SeqResult
+from trispec.step import GRAMMAR_COMPLETE, KVCacheMetrics, SeqResult, TokenAlternatives
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,8 @@ class RequestOutput:
     invalid: InvalidInputError | None = None
     # log-probability of each of ``new_token_ids`` when the request asked for them
     new_log_probs: list[float] | None = None
+    # beside ``new_log_probs`` when the request asked for alternatives (top_log_probs): one per token
+    new_top_log_probs: list[TokenAlternatives] | None = None
     num_prompt_tokens: int = 0
     # wall clock (time.time_ns) when the request was first admitted into the batch
     first_scheduled_ns: int | None = None
@@ -74,7 +76,8 @@ def apply_result(seq: Sequence, result: SeqResult, planned_k: int, stats: Engine
         else:
             skipped += tail
     log_probs = None if result.log_probs is None else result.log_probs[: len(new_ids)]
-    output = request_output(seq, new_ids, text, log_probs)
+    top = None if result.top_log_probs is None else result.top_log_probs[: len(new_ids)]
+    output = request_output(seq, new_ids, text, log_probs, top)
     return replace(output, skipped_text=skipped) if skipped else output
 
 
@@ -97,11 +100,18 @@ def _push(seq: Sequence, ids: list[int]) -> tuple[int, str, str, bool]:
 
 
 def request_output(
-    seq: Sequence, new_ids: list[int], text: str, log_probs: list[float] | None = None
+    seq: Sequence,
+    new_ids: list[int],
+    text: str,
+    log_probs: list[float] | None = None,
+    top_log_probs: list[TokenAlternatives] | None = None,
 ) -> RequestOutput:
-    """The request's output for this step (log-probabilities empty, not absent, when it asked for them)."""
+    """The request's output for this step (log-probabilities and alternatives empty, not absent, when
+    it asked for them)."""
     if log_probs is None and seq.sampling.return_log_probs:
         log_probs = []
+    if top_log_probs is None and seq.sampling.top_log_probs:
+        top_log_probs = []
     return RequestOutput(
         seq.seq_id,
         new_ids,
@@ -111,6 +121,7 @@ def request_output(
         seq.stats,
         seq.error,
         new_log_probs=log_probs,
+        new_top_log_probs=top_log_probs,
         num_prompt_tokens=len(seq.prompt_ids),
         first_scheduled_ns=seq.first_scheduled_ns,
         seed=None if seq.sampling.greedy else seq.sampling.seed,

@@ -14,6 +14,7 @@ import numpy as np
 
 from trispec.scheduler import RequestOutput
 from trispec.serving.tensors import ParsedRequest, PerfMetrics, response_tensors, skipped_digest
+from trispec.step import TokenAlternatives
 
 # what an error response says to the client: Triton's INTERNAL, INVALID_ARG (HTTP 400) or
 # UNAVAILABLE (HTTP 503, gRPC UNAVAILABLE: retry later or elsewhere)
@@ -62,6 +63,7 @@ class Live:
     # character, a possible stop string), and a one-shot response reports them all at the end
     pending_tokens: int = 0
     pending_log_probs: list[float] = field(default_factory=list)
+    pending_top_log_probs: list[TokenAlternatives] = field(default_factory=list)
     cum_log_prob: float = 0.0
     # a sampled sequence's seed, sent once with its first response (sampling_seed)
     seed: int | None = None
@@ -72,6 +74,10 @@ class Live:
     @property
     def sink(self) -> ResponseSink:
         return self.group.sink
+
+    def _alternatives(self) -> tuple[int, list[TokenAlternatives]] | None:
+        count = self.request.generation.top_log_probs
+        return (count, self.pending_top_log_probs) if count else None
 
     def take(self, out: RequestOutput, now_ns: int) -> dict[str, np.ndarray] | None:
         """Account one round's output; the response tensors to send now, or None (nothing to show
@@ -89,6 +95,8 @@ class Live:
         if out.new_log_probs is not None:
             self.pending_log_probs.extend(out.new_log_probs[skipped:])
             self.cum_log_prob += math.fsum(out.new_log_probs)
+        if out.new_top_log_probs is not None:
+            self.pending_top_log_probs.extend(out.new_top_log_probs[skipped:])
         if request.stream:
             if not out.finished and not out.new_text:
                 return None
@@ -117,6 +125,7 @@ class Live:
             sequence_index=self.sequence_index,
             log_probs=self.pending_log_probs if request.generation.return_log_probs else None,
             cum_log_prob=self.cum_log_prob,
+            top_log_probs=self._alternatives(),
             perf=perf,
             num_input_tokens=out.num_prompt_tokens if request.return_num_input_tokens else None,
             num_output_tokens=self.pending_tokens if request.return_num_output_tokens else None,
@@ -126,6 +135,7 @@ class Live:
             cached_tokens=out.cached_tokens,
         )
         self.pending_tokens, self.pending_log_probs, self.responded = 0, [], True
+        self.pending_top_log_probs = []
         return tensors
 
 

@@ -220,6 +220,7 @@ def parse_inputs(
         frequency_penalty=float(pick(_float(get, "frequency_penalty"), 0.0)),
         min_tokens=int(pick(min_tokens, 0)),
         return_log_probs=_bool(get, "return_log_probs"),
+        top_log_probs=int(pick(_int(get, "top_log_probs"), 0)),
         guide=_guide(get),
         cache_salt=_cache_salt(get, require_cache_salt),
     )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trispec.stats import AcceptanceStats
-from trispec.step import KVCacheMetrics
+from trispec.step import KVCacheMetrics, TokenAlternatives
 
 if TYPE_CHECKING:
     from trispec.serving.tensors.requests import ParsedRequest
@@ -43,6 +43,7 @@ def response_tensors(
     sequence_index: int = 0,
     log_probs: Sequence[float] | None = None,
     cum_log_prob: float = 0.0,
+    top_log_probs: tuple[int, Sequence[TokenAlternatives]] | None = None,
     perf: PerfMetrics | None = None,
     num_input_tokens: int | None = None,
     num_output_tokens: int | None = None,
@@ -52,7 +53,8 @@ def response_tensors(
     cached_tokens: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Output tensors of one response. ``finish_reason`` and ``stats`` on the final one; ``stats`` so
-    far with ``perf``; ``log_probs`` (this response's tokens) when the request asked for them."""
+    far with ``perf``; ``log_probs`` (this response's tokens) when the request asked for them, and
+    ``top_log_probs`` (N asked for, and each of those tokens' alternatives) beside them."""
     tensors = {
         # [1], as the BLS model's postprocessing sends it: clients do ``output[0].decode()``
         "text_output": np.array([text.encode("utf-8")], dtype=object),
@@ -64,6 +66,8 @@ def response_tensors(
         tensors["cum_log_probs"] = _cell(cum_log_prob, np.float32)
         # [batch, beam, tokens]
         tensors["output_log_probs"] = np.array([[list(log_probs)]], dtype=np.float32).reshape(1, 1, -1)
+    if top_log_probs is not None:
+        tensors.update(_alternatives(*top_log_probs))
     if seed is not None:
         tensors["sampling_seed"] = _cell(seed, np.uint64)
     if skipped_text_sha256 is not None:
@@ -106,6 +110,23 @@ def response_tensors(
             mean_num_draft_tokens=_cell(stats.mean_num_draft_tokens, np.float32),
         )
     return tensors
+
+
+# a padded place (the distribution gives fewer tokens than asked for): id -1, the lowest float32
+# rather than -inf, which Triton's JSON (HTTP) responses cannot carry
+_PAD_ID = -1
+_PAD_LOG_PROB = float(np.finfo(np.float32).min)
+
+
+def _alternatives(count: int, rows: Sequence[TokenAlternatives]) -> dict[str, np.ndarray]:
+    """``[batch 1, beam 1, tokens, count]`` ids and log-probs, each row padded to ``count``."""
+    ids = np.full((1, 1, len(rows), count), _PAD_ID, dtype=np.int32)
+    values = np.full((1, 1, len(rows), count), _PAD_LOG_PROB, dtype=np.float32)
+    for t, row in enumerate(rows):
+        n = min(len(row.token_ids), count)
+        ids[0, 0, t, :n] = row.token_ids[:n]
+        values[0, 0, t, :n] = row.log_probs[:n]
+    return {"output_top_token_ids": ids, "output_top_log_probs": values}
 
 
 def skipped_digest(request: ParsedRequest, skipped_text: str) -> str | None:

@@ -57,6 +57,13 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("seed", "TYPE_UINT64"),
     TensorSpec("random_seed", "TYPE_UINT64", status="extension", why="the older BLS name of seed"),
     TensorSpec("return_log_probs", "TYPE_BOOL"),
+    # ours (OpenAI's top_logprobs): with return_log_probs, the N most likely tokens at each position
+    TensorSpec(
+        "top_log_probs",
+        "TYPE_INT32",
+        status="extension",
+        why="with return_log_probs: the N (up to 20) most likely tokens and their log-probs at each position",
+    ),
     TensorSpec("return_context_logits", "TYPE_BOOL", status="refused", why=_LOGITS),
     TensorSpec("return_generation_logits", "TYPE_BOOL", status="refused", why=_LOGITS),
     TensorSpec("num_return_sequences", "TYPE_INT32"),
@@ -109,6 +116,10 @@ OUTPUTS: tuple[TensorSpec, ...] = (
     # with return_log_probs: the sum so far, and one value per token this response carries
     TensorSpec("cum_log_probs", "TYPE_FP32", (-1,)),
     TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1)),
+    # with top_log_probs N: [beam, tokens, N], most likely first, under output_log_probs' distribution;
+    # where top-k / top-p leave fewer than N tokens the row is padded with id -1
+    TensorSpec("output_top_token_ids", "TYPE_INT32", (-1, -1, -1), status="extension"),
+    TensorSpec("output_top_log_probs", "TYPE_FP32", (-1, -1, -1), status="extension"),
     # declared so that asking for them is not a Triton error; never sent (the inputs are refused)
     TensorSpec("context_logits", "TYPE_FP32", (-1, -1), status="refused", why=_LOGITS),
     TensorSpec("generation_logits", "TYPE_FP32", (-1, -1, -1), status="refused", why=_LOGITS),
