@@ -199,9 +199,52 @@ def test_logprobs(client: openai.OpenAI) -> None:
     ]
     assert values == pytest.approx([t.logprob for t in content], abs=1e-4)  # greedy: the same tokens
 
+
+@pytest.mark.server
+def test_top_logprobs_list_the_most_likely_tokens(
+    client: openai.OpenAI, served_tokenizer: ServedTokenizer
+) -> None:
+    chat = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=10, logprobs=True, top_logprobs=3
+    )
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == chat.usage.completion_tokens  # type: ignore[union-attr]
+    for t in content:
+        values = [a.logprob for a in t.top_logprobs]
+        assert len(values) == 3 and values == sorted(values, reverse=True) and values[0] <= 0
+        # greedy: the token emitted is the most likely one, so its log-prob is the first alternative's
+        assert values[0] == pytest.approx(t.logprob, abs=1e-6)
+        for a in t.top_logprobs:
+            # the token's text where its bytes are whole characters, else the bytes spelled out
+            raw = bytes(a.bytes or [])
+            spelled = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            assert a.token in (raw.decode("utf-8", "replace"), spelled)
+    # the first alternatives are the tokens emitted: their bytes are the answer's, then its end token
+    emitted = b"".join(bytes(t.top_logprobs[0].bytes or []) for t in content).decode("utf-8")
+    answer = chat.choices[0].message.content or ""
+    ends = {served_tokenizer.token_string(i) for i in served_tokenizer.tokenizer.eos_ids}
+    assert emitted.startswith(answer) and emitted[len(answer) :] in {"", *ends}
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=10, logprobs=True, top_logprobs=3, stream=True
+    )
+    streamed_top = [
+        [(a.token, a.logprob) for a in t.top_logprobs]
+        for c in streamed
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content or []
+    ]
+    assert streamed_top == [[(a.token, a.logprob) for a in t.top_logprobs] for t in content]
+
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, logprobs=2)
+    logprobs = completion.choices[0].logprobs
+    assert logprobs is not None and logprobs.top_logprobs is not None and logprobs.token_logprobs is not None
+    assert len(logprobs.top_logprobs) == len(logprobs.token_logprobs) == 8
+    for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs):
+        assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(lp, abs=1e-6)
+
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=2)
-    assert "alternatives" in refused.value.message
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, top_logprobs=2)
+    assert "needs logprobs: true" in refused.value.message
 
 
 @pytest.mark.server

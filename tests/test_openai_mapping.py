@@ -6,16 +6,18 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 from openai_cases import CITY, CITY_FORMAT, MESSAGES, MODEL, PROMPT, WEATHER
 from trispec_client.results import SpeculationStats
 from trispec_openai.chat import ChatTemplate
 from trispec_openai.choices import Choice, usage
 from trispec_openai.errors import OpenAIError, from_model_message
+from trispec_openai.formats import ChatFormat, CompletionFormat
 from trispec_openai.mapping import jobs
 from trispec_openai.schemas import ChatCompletionRequest, CompletionRequest
 from trispec_openai.tokens import ServedTokenizer
-from trispec_openai.triton import Piece
+from trispec_openai.triton import Piece, _alternatives
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +82,6 @@ def test_requests_map_to_triton_inputs() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"prompt": "x", "logprobs": 2}, "logprobs"),
         ({"prompt": "x", "echo": True}, "echo"),
         ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
@@ -165,3 +166,34 @@ def test_structure_of_maps_response_format_and_tools() -> None:
         with pytest.raises(OpenAIError) as refused:
             structure_of(format_, tools, choice, "")
         assert refused.value.status == 400 and refused.value.param == param
+
+
+@pytest.mark.real_model
+def test_alternatives_are_named_by_their_tokens_bytes(served_tokenizer: ServedTokenizer) -> None:
+    encode = served_tokenizer.tokenizer.backend.encode
+    paris, space = encode(" Paris").ids[0], encode(" ").ids[0]
+    # a byte-level token holding the first byte of "é": its bytes spelled out, as OpenAI does
+    partial = next(i for i in range(300) if served_tokenizer.token_bytes(i) == b"\xc3")
+    assert served_tokenizer.token_string(paris) == " Paris"
+    assert served_tokenizer.token_bytes(paris) == b" Paris"
+    assert served_tokenizer.token_string(partial) == "bytes:\\xc3"
+    # the model's [1, 1, tokens, N] tensors, padded with id -1 where top-k left fewer tokens
+    ids = np.array([[[[paris, partial], [space, -1]]]], dtype=np.int32)
+    values = np.array([[[[-0.25, -2.0], [-0.5, np.finfo(np.float32).min]]]], dtype=np.float32)
+    piece = Piece(" Paris ", 2, logprobs=(-0.25, -0.5), top_logprobs=_alternatives(ids, values))
+    assert piece.top_logprobs == (((paris, -0.25), (partial, -2.0)), ((space, -0.5),))
+    choice = Choice(0, 0)
+    delta = choice.add(piece, served_tokenizer)
+    chat = ChatFormat(MODEL, True, top_logprobs=2).chunk(0, delta, None)
+    assert chat is not None
+    top = [t["top_logprobs"] for t in chat["choices"][0]["logprobs"]["content"]]
+    assert top[0] == [
+        {"token": " Paris", "logprob": -0.25, "bytes": list(b" Paris")},
+        {"token": "bytes:\\xc3", "logprob": -2.0, "bytes": [0xC3]},
+    ]
+    assert top[1] == [{"token": " ", "logprob": -0.5, "bytes": [32]}]
+    whole = CompletionFormat(MODEL, True, 2).response([choice], {})["choices"][0]["logprobs"]
+    assert whole["top_logprobs"] == [{" Paris": -0.25, "bytes:\\xc3": -2.0}, {" ": -0.5}]
+    # logprobs 0: log-probs without alternatives, as before
+    plain = CompletionFormat(MODEL, True).response([choice], {})["choices"][0]["logprobs"]
+    assert plain["top_logprobs"] is None and plain["token_logprobs"] == [-0.25, -0.5]

@@ -142,7 +142,7 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
         check_model(body.model)
         prompts = body.prompts
         logprobs = body.logprobs is not None
-        fmt = CompletionFormat(served_model, logprobs)
+        fmt = CompletionFormat(served_model, logprobs, body.logprobs or 0)
         call = Call(
             generator,
             tokenizer,
@@ -150,6 +150,7 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
             jobs(body, prompts),
             prompts,
             logprobs=logprobs,
+            top_logprobs=body.logprobs or 0,
             include_usage=body.include_usage,
         )
         return await answer(call, body.stream, request)
@@ -162,7 +163,7 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
         structure = structure_of(body.response_format, body.tools, body.tool_choice, template.source)
         messages = [m.for_template() for m in body.messages]
         prompts = [template.render(messages, structure.template_tools)]
-        fmt = ChatFormat(served_model, body.logprobs, structure.tools)
+        fmt = ChatFormat(served_model, body.logprobs, structure.tools, body.top_logprobs or 0)
         call = Call(
             generator,
             tokenizer,
@@ -170,6 +171,7 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
             jobs(body, prompts, structure),
             prompts,
             logprobs=body.logprobs,
+            top_logprobs=body.top_logprobs or 0,
             include_usage=body.include_usage,
         )
         return await answer(call, body.stream, request)

@@ -17,6 +17,15 @@ from trispec_openai.triton import Piece
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """One of the most likely tokens at a position (``top_logprobs``)."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Delta:
     """What one piece adds to a choice: its text and, when log-probs were asked for, its tokens."""
 
@@ -24,6 +33,8 @@ class Delta:
     tokens: tuple[str, ...] = ()
     logprobs: tuple[float, ...] = ()
     offsets: tuple[int, ...] = ()  # each token's character offset in the choice's text
+    # beside each token when alternatives were asked for: the most likely tokens there
+    top: tuple[tuple[Alternative, ...], ...] = ()
     # the seed the choice samples with, on the piece that first said it
     seed: int | None = None
 
@@ -36,6 +47,7 @@ class Choice:
     tokens: list[str] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    top: list[tuple[Alternative, ...]] = field(default_factory=list)
     token_count: int = 0
     finish_reason: str | None = None
     stats: SpeculationStats | None = None
@@ -55,6 +67,8 @@ class Choice:
         self.tokens += tokens
         self.logprobs += piece.logprobs
         self.offsets += offsets
+        top = tuple(tuple(_alternative(tokenizer, i, lp) for i, lp in row) for row in piece.top_logprobs)
+        self.top += top
         self.token_count = piece.token_count
         # kept from whichever response carried them (the final one, unless it came empty)
         self.finish_reason = piece.finish_reason or self.finish_reason
@@ -63,7 +77,11 @@ class Choice:
         self.cached_tokens = piece.cached_tokens if piece.cached_tokens is not None else self.cached_tokens
         new_seed = piece.seed if self.seed is None else None
         self.seed = self.seed if self.seed is not None else piece.seed
-        return Delta(piece.text, tuple(tokens), piece.logprobs, tuple(offsets), new_seed)
+        return Delta(piece.text, tuple(tokens), piece.logprobs, tuple(offsets), top, new_seed)
+
+
+def _alternative(tokenizer: ServedTokenizer, token_id: int, logprob: float) -> Alternative:
+    return Alternative(tokenizer.token_string(token_id), logprob, tuple(tokenizer.token_bytes(token_id)))
 
 
 def usage(choices: list[Choice], prompts: list[str], tokenizer: ServedTokenizer) -> dict[str, Any]:

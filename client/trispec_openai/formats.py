@@ -4,8 +4,11 @@ A sampled choice also says its ``seed`` (the server's choice when the request ha
 back gives the same text): on the choice, and for the first choice at the top as well, in the whole
 response and in the chunk that first carries it.
 
-Log-probs: completions give ``tokens``/``token_logprobs``/``text_offset`` (``top_logprobs`` null), chat
-gives ``content: [{token, logprob, bytes, top_logprobs: []}]``; alternatives are never produced.
+Log-probs: completions give ``tokens``/``token_logprobs``/``text_offset`` and, for ``logprobs`` N > 0,
+``top_logprobs`` (one ``{token: logprob}`` per token; null for 0); chat gives ``content: [{token,
+logprob, bytes, top_logprobs: [{token, logprob, bytes}, ...]}]``, the list as long as ``top_logprobs``
+asks (shorter where top-k or top-p leave fewer tokens). Alternatives are the most likely tokens under
+the distribution the token's own log-prob comes from, so a sampled token may rank outside them.
 """
 
 from __future__ import annotations
@@ -15,13 +18,23 @@ import time
 import uuid
 from typing import Any
 
-from trispec_openai.choices import Choice, Delta
+from trispec_openai.choices import Alternative, Choice, Delta
 from trispec_openai.structured import TOOL_CALL_TAG, ToolCalls
 
 _TAGGED = re.compile(TOOL_CALL_TAG + r".*?</tool_call>", re.DOTALL)
 
 # the model's finish reasons that OpenAI spells differently (length and stop are the same)
 _FINISH = {"cancelled": "abort"}
+
+
+def _rows(top: Any, count: int) -> list[tuple[Alternative, ...]]:
+    """Each token's alternatives (none where none were sent)."""
+    rows = list(top)
+    return rows + [()] * (count - len(rows))
+
+
+def _alternative(a: Alternative) -> dict[str, Any]:
+    return {"token": a.token, "logprob": a.logprob, "bytes": list(a.bytes)}
 
 
 def finish_reason(reason: str | None) -> str | None:
@@ -31,11 +44,12 @@ def finish_reason(reason: str | None) -> str | None:
 class CompletionFormat:
     object_name = "text_completion"
 
-    def __init__(self, model: str, logprobs: bool) -> None:
+    def __init__(self, model: str, logprobs: bool, top_logprobs: int = 0) -> None:
         self.id = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.logprobs = logprobs
+        self.top_logprobs = top_logprobs
 
     def _envelope(self, choices: list[dict[str, Any]], object_name: str) -> dict[str, Any]:
         return {
@@ -46,13 +60,17 @@ class CompletionFormat:
             "choices": choices,
         }
 
-    def _logprobs(self, tokens: Any, logprobs: Any, offsets: Any) -> dict[str, Any] | None:
+    def _logprobs(self, tokens: Any, logprobs: Any, offsets: Any, top: Any) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
+        alternatives = None
+        if self.top_logprobs:
+            # two ids of the same text keep the more likely one's log-prob (listed first)
+            alternatives = [{a.token: a.logprob for a in reversed(row)} for row in _rows(top, len(tokens))]
         return {
             "tokens": list(tokens),
             "token_logprobs": list(logprobs),
-            "top_logprobs": None,
+            "top_logprobs": alternatives,
             "text_offset": list(offsets),
         }
 
@@ -63,7 +81,7 @@ class CompletionFormat:
                     {
                         "index": c.index,
                         "text": c.text,
-                        "logprobs": self._logprobs(c.tokens, c.logprobs, c.offsets),
+                        "logprobs": self._logprobs(c.tokens, c.logprobs, c.offsets, c.top),
                         "finish_reason": finish_reason(c.finish_reason),
                     },
                     c.seed,
@@ -81,7 +99,7 @@ class CompletionFormat:
         choice = {
             "index": index,
             "text": delta.text,
-            "logprobs": self._logprobs(delta.tokens, delta.logprobs, delta.offsets),
+            "logprobs": self._logprobs(delta.tokens, delta.logprobs, delta.offsets, delta.top),
             "finish_reason": finish_reason(reason),
         }
         return _chunk_seed(self._envelope([_seeded(choice, delta.seed)], self.object_name), index, delta)
@@ -95,8 +113,10 @@ class CompletionFormat:
 class ChatFormat(CompletionFormat):
     object_name = "chat.completion"
 
-    def __init__(self, model: str, logprobs: bool, tools: ToolCalls | None = None) -> None:
-        super().__init__(model, logprobs)
+    def __init__(
+        self, model: str, logprobs: bool, tools: ToolCalls | None = None, top_logprobs: int = 0
+    ) -> None:
+        super().__init__(model, logprobs, top_logprobs)
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         # a tools request: the answer's text becomes tool_calls; streamed, a named function's arguments
         # go out as they come, other calls whole at the end (their text is kept here until then)
@@ -113,12 +133,17 @@ class ChatFormat(CompletionFormat):
         )
         return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
-    def _content_logprobs(self, tokens: Any, logprobs: Any) -> dict[str, Any] | None:
+    def _content_logprobs(self, tokens: Any, logprobs: Any, top: Any) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
         content = [
-            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-            for t, lp in zip(tokens, logprobs)
+            {
+                "token": t,
+                "logprob": lp,
+                "bytes": list(t.encode("utf-8")),
+                "top_logprobs": [_alternative(a) for a in row],
+            }
+            for t, lp, row in zip(tokens, logprobs, _rows(top, len(tokens)))
         ]
         return {"content": content, "refusal": None}
 
@@ -129,7 +154,7 @@ class ChatFormat(CompletionFormat):
             answer = {
                 "index": c.index,
                 "message": message,
-                "logprobs": self._content_logprobs(c.tokens, c.logprobs),
+                "logprobs": self._content_logprobs(c.tokens, c.logprobs, c.top),
                 "finish_reason": reason,
             }
             answers.append(_seeded(answer, c.seed))
@@ -162,7 +187,7 @@ class ChatFormat(CompletionFormat):
         choice = {
             "index": index,
             "delta": content,
-            "logprobs": self._content_logprobs(delta.tokens, delta.logprobs),
+            "logprobs": self._content_logprobs(delta.tokens, delta.logprobs, delta.top),
             "finish_reason": reason,
         }
         body = self._envelope([_seeded(choice, delta.seed)], "chat.completion.chunk")

@@ -74,7 +74,7 @@ class _Sampling(_Body):
 class CompletionRequest(_Sampling):
     # list[Any]: token-id prompts reach our check, which says why they are refused
     prompt: str | list[Any]
-    # 0: the log-prob of each generated token; alternatives (k > 0) are not produced by the model
+    # the log-prob of each generated token and, for N > 0, the N most likely tokens at each
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
@@ -89,12 +89,6 @@ class CompletionRequest(_Sampling):
             )
         if len(prompts) * self.n > MAX_CHOICES:
             raise unsupported("n", f"prompts x n is {len(prompts) * self.n}, over {MAX_CHOICES}")
-        if self.logprobs:
-            raise unsupported(
-                "logprobs",
-                "only 0 is supported: the server returns the log-prob of each generated token, "
-                "not the most likely alternatives",
-            )
         if self.echo:
             raise unsupported("echo", "the prompt is not echoed (no prompt log-probs); leave it out")
         if self.suffix:
@@ -146,12 +140,6 @@ class ChatCompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
-        if self.top_logprobs:
-            raise unsupported(
-                "top_logprobs",
-                "only 0 is supported: the server returns the log-prob of each generated token, "
-                "not the most likely alternatives",
-            )
         if self.top_logprobs is not None and not self.logprobs:
             raise unsupported("top_logprobs", "needs logprobs: true")
         return self

@@ -103,6 +103,7 @@ class Call:
         prompts: list[str],
         *,
         logprobs: bool,
+        top_logprobs: int = 0,
         include_usage: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
@@ -118,6 +119,7 @@ class Call:
                         logprobs=logprobs,
                         request_id=f"{fmt.id}-{job.index}",
                         extra=job.penalties,
+                        top_logprobs=top_logprobs,
                     ),
                     job.guide_param,
                 )

@@ -5,10 +5,13 @@ token counts, and token strings to put beside log-probs.
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from trispec.checkpoints import load_tokenizer
 from trispec.config import load_config
+from trispec.guided.compiler import llg_tokenizer
 from trispec.tokenizer import Tokenizer
 
 from trispec_openai.chat import ChatTemplate, NoChatTemplate
@@ -63,6 +66,26 @@ class ServedTokenizer:
         if len(pieces) > n:
             pieces = [*pieces[: n - 1], "".join(pieces[n - 1 :])]
         return pieces + [""] * (n - len(pieces))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's own bytes (a byte-level token may hold part of a character)."""
+        return bytes(self._byte_view.decode_bytes([token_id]))
+
+    def token_string(self, token_id: int) -> str:
+        """One token as OpenAI names it: its text, or ``bytes:\\xNN...`` when its bytes are not whole
+        UTF-8 characters."""
+        raw = self.token_bytes(token_id)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+    @cached_property
+    def _byte_view(self) -> Any:
+        # llguidance reads every tokenizer.json's decoder (byte-level, byte fallback, ...); built once,
+        # on the first request that asks for alternatives (about a second for a 150k vocabulary)
+        tokenizer = self.tokenizer
+        return llg_tokenizer(tokenizer.backend, tokenizer.eos_ids, tokenizer.vocab_size)
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else (self.tokenizer.backend.id_to_token(token_id) or "")

@@ -60,6 +60,8 @@ class Piece:
     text: str
     token_count: int  # cumulative
     logprobs: tuple[float, ...] = ()
+    # beside each log-prob when alternatives were asked for: (token id, log-prob), most likely first
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
     final: bool = False
     finish_reason: str | None = None
     stats: SpeculationStats | None = None
@@ -91,6 +93,25 @@ def _as_error(error: OpenAIError) -> SpecDecError:
 
 def _ints(value: np.ndarray | None) -> int | None:
     return None if value is None or value.size == 0 else int(value.reshape(-1)[0])
+
+
+def _alternatives(
+    ids: np.ndarray | None, values: np.ndarray | None
+) -> tuple[tuple[tuple[int, float], ...], ...]:
+    """``output_top_token_ids`` / ``output_top_log_probs`` ``[1, 1, tokens, N]`` -> per token its
+    (id, log-prob) pairs, the padding (id -1) left out."""
+    if ids is None or values is None:
+        return ()
+    count = ids.shape[-1]
+    rows = zip(ids.reshape(-1, count).tolist(), values.reshape(-1, count).tolist())
+    return tuple(tuple((i, v) for i, v in zip(row_ids, row_values) if i >= 0) for row_ids, row_values in rows)
+
+
+def int_input(name: str, value: int) -> aiogrpc.InferInput:
+    """A [1, 1] INT32 input."""
+    tensor = aiogrpc.InferInput(name, [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    return tensor
 
 
 def scalar_input(name: str, value: bool | float | str) -> aiogrpc.InferInput:
@@ -226,10 +247,11 @@ class TritonGenerator:
         logprobs: bool,
         request_id: str,
         extra: Sequence[tuple[str, float]] = (),
+        top_logprobs: int = 0,
     ) -> AsyncIterator[Piece]:
         """The request's pieces up to the final one, resumed after every cut when ``resume`` is on;
         raises ``OpenAIError`` on any failure. ``extra``: FP32 inputs beside the request's own
-        (penalties)."""
+        (penalties); ``top_logprobs``: alternatives beside each log-prob (with ``logprobs``)."""
         state = StreamResume(request)
         resuming_since: float | None = None
         waits = pauses()
@@ -238,7 +260,7 @@ class TritonGenerator:
         untried = order[1:]  # replicas a first contact that failed may still try, in order
         other_models: set[int] = set()  # replicas that refused to continue: another model
         while True:
-            attempt = self._attempt(state.request(), logprobs, request_id, extra, on)
+            attempt = self._attempt(state.request(), logprobs, request_id, extra, on, top_logprobs)
             try:
                 async for piece in attempt:
                     try:
@@ -329,6 +351,7 @@ class TritonGenerator:
         request_id: str,
         extra: Sequence[tuple[str, float]],
         replica: int = 0,
+        top_logprobs: int = 0,
     ) -> AsyncIterator[Piece]:
         """One Triton request's pieces from ``replica``; a failure that says the server cut the stream
         raises ``_Cut``."""
@@ -346,6 +369,14 @@ class TritonGenerator:
                     501, "logprobs: this server's model does not return log-probs", param="logprobs"
                 )
             inputs.append(scalar_input("return_log_probs", True))
+        if top_logprobs:
+            if "top_log_probs" not in declared:
+                raise OpenAIError(
+                    501,
+                    "top_logprobs: this server's model does not return alternatives to each token",
+                    param="top_logprobs",
+                )
+            inputs.append(int_input("top_log_probs", top_logprobs))
         if "return_num_input_tokens" in declared:
             inputs.append(scalar_input("return_num_input_tokens", True))
         if self.tokenizer_sha256 and TOKENIZER_INPUT in declared:
@@ -392,6 +423,9 @@ class TritonGenerator:
                     text=chunk.text,
                     token_count=chunk.token_count,
                     logprobs=() if values is None else tuple(float(v) for v in values.reshape(-1)),
+                    top_logprobs=_alternatives(
+                        outputs.get("output_top_token_ids"), outputs.get("output_top_log_probs")
+                    ),
                     final=final,
                     finish_reason=chunk.finish_reason,
                     stats=chunk.stats,
