@@ -194,6 +194,7 @@ def test_alternatives_are_named_by_their_tokens_bytes(served_tokenizer: ServedTo
     assert top[1] == [{"token": " ", "logprob": -0.5, "bytes": [32]}]
     whole = CompletionFormat(MODEL, True, 2).response([choice], {})["choices"][0]["logprobs"]
     assert whole["top_logprobs"] == [{" Paris": -0.25, "bytes:\\xc3": -2.0}, {" ": -0.5}]
+    assert list(whole["top_logprobs"][0]) == [" Paris", "bytes:\\xc3"]  # most likely first
     # logprobs 0: log-probs without alternatives, as before
     plain = CompletionFormat(MODEL, True).response([choice], {})["choices"][0]["logprobs"]
     assert plain["top_logprobs"] is None and plain["token_logprobs"] == [-0.25, -0.5]

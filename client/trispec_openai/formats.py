@@ -33,6 +33,14 @@ def _rows(top: Any, count: int) -> list[tuple[Alternative, ...]]:
     return rows + [()] * (count - len(rows))
 
 
+def _by_token(row: tuple[Alternative, ...]) -> dict[str, float]:
+    """Most likely first; two ids of the same text keep the more likely one's log-prob."""
+    named: dict[str, float] = {}
+    for a in row:
+        named.setdefault(a.token, a.logprob)
+    return named
+
+
 def _alternative(a: Alternative) -> dict[str, Any]:
     return {"token": a.token, "logprob": a.logprob, "bytes": list(a.bytes)}
 
@@ -65,8 +73,7 @@ class CompletionFormat:
             return None
         alternatives = None
         if self.top_logprobs:
-            # two ids of the same text keep the more likely one's log-prob (listed first)
-            alternatives = [{a.token: a.logprob for a in reversed(row)} for row in _rows(top, len(tokens))]
+            alternatives = [_by_token(row) for row in _rows(top, len(tokens))]
         return {
             "tokens": list(tokens),
             "token_logprobs": list(logprobs),
