@@ -41,6 +41,7 @@ def test_grpc_tensors_have_the_model_names_dtypes_and_batch_dimension() -> None:
         stop_words=["\n\n", "END"],
         bad_words=["x"],
         exclude_input_in_output=True,
+        logit_bias={5: -100, 9: 2.5},
     )
     tensors = {t.name: t for t in request.tensors()}
     expected = {
@@ -56,6 +57,8 @@ def test_grpc_tensors_have_the_model_names_dtypes_and_batch_dimension() -> None:
         "bad_words": ("BYTES", np.object_, (1, 1)),
         "stream": ("BOOL", np.bool_, (1, 1)),
         "exclude_input_in_output": ("BOOL", np.bool_, (1, 1)),
+        "logit_bias_ids": ("INT32", np.int32, (1, 2)),
+        "logit_bias_values": ("FP32", np.float32, (1, 2)),
     }
     assert set(tensors) == set(expected)
     for name, (datatype, dtype, shape) in expected.items():
@@ -66,6 +69,8 @@ def test_grpc_tensors_have_the_model_names_dtypes_and_batch_dimension() -> None:
     assert tensors["stop_words"].array.tolist() == [[b"\n\n", b"END"]]
     assert int(tensors["seed"].array[0, 0]) == 2**64 - 1
     assert tensors["max_tokens"].array[0, 0] == 7
+    assert tensors["logit_bias_ids"].array.tolist() == [[5, 9]]
+    assert tensors["logit_bias_values"].array.tolist() == [[-100.0, 2.5]]
 
 
 def test_grpc_infer_inputs_carry_name_datatype_shape() -> None:
@@ -81,7 +86,13 @@ def test_grpc_infer_inputs_carry_name_datatype_shape() -> None:
 
 def test_json_body_for_generate_stream() -> None:
     request = GenerationRequest(
-        "hi", max_tokens=np.int64(4), temperature=0.0, seed=7, stop_words=("x", "y"), stream=False
+        "hi",
+        max_tokens=np.int64(4),
+        temperature=0.0,
+        seed=7,
+        stop_words=("x", "y"),
+        stream=False,
+        logit_bias={3: 1.5},
     )
     body = request.json_body()
     assert body == {
@@ -91,6 +102,8 @@ def test_json_body_for_generate_stream() -> None:
         "seed": 7,
         "stream": False,
         "stop_words": ["x", "y"],
+        "logit_bias_ids": [3],
+        "logit_bias_values": [1.5],
     }
     assert json.loads(json.dumps(body)) == body  # numpy scalars were turned into plain ones
 
@@ -110,6 +123,10 @@ def test_json_body_for_generate_stream() -> None:
         ({"stop_words": [""]}, "stop_words"),
         ({"bad_words": [3]}, "bad_words"),
         ({"stream": 1}, "stream"),
+        ({"logit_bias": {2**31: 1.0}}, "logit_bias"),
+        ({"logit_bias": {"3": 1.0}}, "logit_bias"),
+        ({"logit_bias": {3: math.nan}}, "logit_bias"),
+        ({"logit_bias": [(3, 1.0)]}, "logit_bias"),
     ],
 )
 def test_values_that_cannot_be_carried_fail_naming_the_field(fields: dict[str, Any], field_name: str) -> None:

@@ -53,6 +53,16 @@ def test_bad_words_and_min_tokens_mask_where_they_apply() -> None:
 def test_rules_are_off_by_default() -> None:
     assert not SamplingParams(temperature=0.7, top_k=5).shapes_logits
     assert SamplingParams(min_tokens=1).shapes_logits and SamplingParams(presence_penalty=0.1).shapes_logits
+    assert SamplingParams(logit_bias=((3, 1.0),)).shapes_logits
+
+
+def test_logit_bias_comes_first_then_the_penalties() -> None:
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]] * 2)
+    # token 0 seen: (2 + 1) / 2, the bias first (TensorRT-LLM adds its bias before the penalties);
+    # row 1 has seen draft 2 as well; a repeated id has its biases summed
+    params = SamplingParams(repetition_penalty=2.0, logit_bias=((0, 1.0), (3, -0.25), (3, -0.25)))
+    out = apply_rules(logits, params, [0], drafts=[2])
+    assert out.tolist() == [[1.5, -2.0, 1.0, 0.0], [1.5, -2.0, 0.5, 0.0]]
 
 
 @pytest.mark.parametrize(
@@ -62,12 +72,19 @@ def test_rules_are_off_by_default() -> None:
         ("presence_penalty", float("nan")),
         ("min_tokens", -1),
         ("bad_words", [""]),
+        ("logit_bias", {10**6: 1.0}),
+        ("logit_bias", {-1: 1.0}),
+        ("logit_bias", {3: float("inf")}),
+        ("logit_bias", [(3, 1.0)]),
+        ("embedding_bias_weights", [("a", float("nan"))]),
+        ("embedding_bias_words", [("", 1.0)]),
     ],
 )
 def test_bad_values_name_the_field(field: str, value: object) -> None:
     llm = spec_engine(tiny_engine(0), None)
+    given = "embedding_bias" if field.startswith("embedding_bias") else field
     with pytest.raises(InvalidInputError) as info:
-        llm.add_request(GenerationRequest(prompt_token_ids=PROMPT, **{field: value}))  # type: ignore[arg-type]
+        llm.add_request(GenerationRequest(prompt_token_ids=PROMPT, **{given: value}))  # type: ignore[arg-type]
     assert info.value.field == field
 
 
@@ -220,3 +237,20 @@ def test_alternatives_are_the_target_only_runs_whatever_k(fields: dict) -> None:
         assert token in alternatives.token_ids
         assert alternatives.log_probs[alternatives.token_ids.index(token)] == lp
         logits = target.forward([ForwardInput(0, [token], 1)])[0]
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_a_logit_bias_steers_every_k_alike(sampled: bool) -> None:
+    """A bias of -100 bans the token plain decoding emits most, +100 on another token makes it the
+    only one emitted; speculation (the draft model biased as the target is) changes neither text."""
+    sampling: dict[str, object] = {"temperature": 0.9, "seed": 3} if sampled else {}
+    free = generate(0, **sampling)
+    common = max(set(free), key=free.count)
+    banned = {k: generate(k, logit_bias={common: -100.0}, **sampling) for k in (0, 4)}
+    assert banned[0] == banned[4] and common not in banned[0] and banned[0] != free
+    rare = next(t for t in range(32, 127) if t not in free)
+    forced = {k: generate(k, logit_bias={rare: 100.0}, **sampling) for k in (0, 4)}
+    assert forced[0] == forced[4] == [rare] * 40
+    # the same as an embedding bias on the words those tokens spell (the ASCII tokenizer: one a byte)
+    words = [(TOKENIZER.decode([common]), -60.0), (TOKENIZER.decode([common]), -40.0)]
+    assert generate(4, embedding_bias=words, **sampling) == banned[0]

@@ -441,3 +441,26 @@ def test_a_frontend_started_for_another_tokenizer_is_refused(
     assert "misconfigured: the model refused its tokenizer" in (tmp_path / "frontend.log").read_text()
     answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
     assert answer.choices[0].message.content
+
+
+@pytest.mark.server
+def test_logit_bias_bans_and_forces_tokens(client: openai.OpenAI, served_tokenizer: ServedTokenizer) -> None:
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6).choices[0].text
+    encode = served_tokenizer.tokenizer.backend.encode
+    first = encode(plain, add_special_tokens=False).ids[0]
+    banned = (
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, logit_bias={str(first): -100})
+        .choices[0]
+        .text
+    )
+    assert encode(banned, add_special_tokens=False).ids[0] != first
+    the = encode(" the", add_special_tokens=False).ids[0]
+    for k in (0, 3):
+        forced = client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=6,
+            logit_bias={str(the): 100},
+            extra_body={"num_draft_tokens": k},
+        )
+        assert forced.choices[0].text == " the" * 6

@@ -71,7 +71,9 @@ def test_requests_map_to_triton_inputs() -> None:
     assert request.stream and request.max_tokens == 5 and request.num_draft_tokens == 3
     # the model reads each stop_words entry as a CSV row: every stop string must come back whole
     assert [w for s in request.stop_words for row in csv.reader([s]) for w in row] == ["x,y", "\n"]
-    assert mapped[0].penalties == ()
+    assert mapped[0].penalties == () and request.logit_bias is None
+    biased = CompletionRequest(model=MODEL, prompt="a", logit_bias={"50256": -100, "11": 3.5})
+    assert jobs(biased, biased.prompts)[0].request.logit_bias == {50256: -100.0, 11: 3.5}
     chat = ChatCompletionRequest(
         model=MODEL, messages=MESSAGES, max_completion_tokens=9, max_tokens=3, presence_penalty=0.5
     )
@@ -83,7 +85,8 @@ def test_requests_map_to_triton_inputs() -> None:
     ("body", "param"),
     [
         ({"prompt": "x", "echo": True}, "echo"),
-        ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"a": 5}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"1": 101}}, "logit_bias"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
         ({"prompt": [1, 2]}, "prompt"),
         ({"prompt": ["a", "b"], "n": 9}, "n"),

@@ -55,6 +55,10 @@ def test_every_field_is_read() -> None:
         min_length=np.array([[4]], dtype=np.int32),
         return_log_probs=np.array([[True]]),
         top_log_probs=np.array([[4]], dtype=np.int32),
+        logit_bias_ids=np.array([[5, 9, 5]], dtype=np.int32),
+        logit_bias_values=np.array([[1.5, -100, 0.5]], dtype=np.float32),
+        embedding_bias_words=np.array([[b"a,b", b""]], dtype=object),
+        embedding_bias_weights=np.array([[2.0, 3.0]], dtype=np.float32),
         num_return_sequences=np.array([[3]], dtype=np.int32),
         return_perf_metrics=np.array([[True]]),
         return_num_input_tokens=np.array([[True]]),
@@ -79,6 +83,8 @@ def test_every_field_is_read() -> None:
     assert g.seed == 2**63 + 5
     assert list(g.stop) == ["a", "b", "c"]  # CSV inside each string, as the BLS model reads them
     assert list(g.bad_words) == ["x"] and g.return_log_probs and g.top_log_probs == 4
+    # pairwise; a repeated id's biases summed; an embedding-bias entry is one word (no CSV), "" dropped
+    assert g.logit_bias == {5: 2.0, 9: -100.0} and tuple(g.embedding_bias) == (("a,b", 2.0),)
     assert parsed.stream and parsed.exclude_input_in_output
     assert parsed.num_return_sequences == 3
     assert parsed.return_perf_metrics and parsed.return_num_input_tokens and parsed.return_num_output_tokens
@@ -158,6 +164,16 @@ def test_inputs_we_cannot_honour_are_refused_saying_why(spec) -> None:
         ({"text_input": "x", "max_tokens": np.array([[1, 2]], dtype=np.int32)}, "max_tokens"),
         ({"text_input": "x", "stop_words": np.array([[b"\xc3"]], dtype=object)}, "stop_words"),
         ({"text_input": "x", "top_log_probs": np.array([[3]], dtype=np.int32)}, "top_log_probs"),
+        ({"text_input": "x", "logit_bias_ids": np.array([[3]], dtype=np.int32)}, "logit_bias_values"),
+        (
+            {"text_input": "x", "logit_bias_ids": np.array([[3, 4]]), "logit_bias_values": np.array([[1.0]])},
+            "logit_bias_values",
+        ),
+        (
+            {"text_input": "x", "logit_bias_ids": np.array([[3]]), "logit_bias_values": np.array([[np.inf]])},
+            "logit_bias_values",
+        ),
+        ({"text_input": "x", "embedding_bias_weights": np.array([[1.0]])}, "embedding_bias_words"),
         (
             {"text_input": "x", "return_log_probs": np.array([[True]]), "top_log_probs": np.array([[21]])},
             "top_log_probs",
@@ -254,6 +270,7 @@ def test_core_errors_are_reported_under_the_tensor_name() -> None:
     assert str(as_tensor_error(InvalidInputError("prompt", "too long"))) == "text_input: too long"
     assert as_tensor_error(InvalidInputError("stop", "x")).field == "stop_words"
     assert as_tensor_error(InvalidInputError("top_p", "x")).field == "top_p"
+    assert as_tensor_error(InvalidInputError("logit_bias", "x")).field == "logit_bias_ids"
 
 
 def test_docs_tensor_table_lists_every_tensor_with_its_status() -> None:

@@ -188,7 +188,13 @@ def test_speculative_llm_over_trtllm_engines_equals_the_torch_engine(
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("return_log_probs", True), ("repetition_penalty", 1.2), ("bad_words", ["ab"]), ("min_tokens", 3)],
+    [
+        ("return_log_probs", True),
+        ("repetition_penalty", 1.2),
+        ("bad_words", ["ab"]),
+        ("min_tokens", 3),
+        ("logit_bias", {3: 1.0}),
+    ],
 )
 def test_logits_rules_are_refused_not_ignored(
     tmp_path: Path, trtllm_bindings, field: str, value: object

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Literal
 
@@ -120,6 +120,7 @@ class SpecDecClient:
         stop_words: Iterable[str] = (),
         bad_words: Iterable[str] = (),
         cache_salt: str | None = None,
+        logit_bias: Mapping[int, float] | None = None,
         timeout_s: float | None = None,
     ) -> Generator[StreamChunk, None, None]:
         """Chunks of newly verified text as the server produces them; the last has ``final=True``.
@@ -140,6 +141,7 @@ class SpecDecClient:
             bad_words=tuple(bad_words),
             stream=True,
             cache_salt=cache_salt,
+            logit_bias=logit_bias,
         )
         return self._send(request, self._timeout(timeout_s))
 
@@ -158,6 +160,7 @@ class SpecDecClient:
         bad_words: Iterable[str] = (),
         exclude_input_in_output: bool | None = None,
         cache_salt: str | None = None,
+        logit_bias: Mapping[int, float] | None = None,
         timeout_s: float | None = None,
     ) -> Completion:
         """One non-streamed request (``stream=false``): the server answers once with the whole text,
@@ -176,6 +179,7 @@ class SpecDecClient:
             stream=False,
             exclude_input_in_output=exclude_input_in_output,
             cache_salt=cache_salt,
+            logit_bias=logit_bias,
         )
         return collect(self._send(request, self._timeout(timeout_s)))
 

@@ -8,7 +8,7 @@ words), so that a bad value fails here with the field's name instead of as an op
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,8 @@ _SCALAR_TYPES: dict[str, str] = {
     "exclude_input_in_output": "BOOL",
     "skip_output_tokens": "INT32",
 }
+# name -> Triton datatype of the optional list inputs sent pairwise (logit_bias)
+_LIST_TYPES: dict[str, str] = {"logit_bias_ids": "INT32", "logit_bias_values": "FP32"}
 _NUMPY_TYPES = {
     "INT32": np.int32,
     "FP32": np.float32,
@@ -77,6 +79,8 @@ class GenerationRequest:
     guided_decoding_guide: str | None = None
     # the prefix cache shares KV blocks only among requests with the same salt (a tenant's secret)
     cache_salt: str | None = None
+    # token id -> bias added to its logit (OpenAI's logit_bias), sent as logit_bias_ids / _values
+    logit_bias: Mapping[int, float] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -100,6 +104,12 @@ class GenerationRequest:
                 raise InvalidRequestError(f"{name}: must be a string, got {type(value).__name__}")
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise InvalidRequestError(f"cache_salt: must be a non-empty string, got {self.cache_salt!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, Mapping):
+                raise InvalidRequestError("logit_bias: must map token ids to biases")
+            for token, bias in self.logit_bias.items():
+                _check_int("logit_bias", token, _INT32)
+                _check_float("logit_bias", bias)
 
     def sent_values(self) -> dict[str, Any]:
         """The inputs to send, by Triton input name: plain Python values, lists for word lists."""
@@ -117,6 +127,9 @@ class GenerationRequest:
                 values[name] = getattr(self, name)
         if self.cache_salt is not None:
             values["cache_salt"] = self.cache_salt
+        if self.logit_bias:
+            values["logit_bias_ids"] = [int(t) for t in self.logit_bias]
+            values["logit_bias_values"] = [float(b) for b in self.logit_bias.values()]
         return values
 
     def json_body(self) -> dict[str, Any]:
@@ -127,6 +140,10 @@ class GenerationRequest:
         """Inputs for gRPC, each with the leading batch dimension of 1."""
         result = []
         for name, value in self.sent_values().items():
+            if name in _LIST_TYPES:
+                datatype = _LIST_TYPES[name]
+                result.append(InputTensor(name, datatype, np.array([value], dtype=_NUMPY_TYPES[datatype])))
+                continue
             datatype = _SCALAR_TYPES.get(name, "BYTES")
             if datatype == "BYTES":
                 items = value if isinstance(value, list) else [value]

@@ -25,6 +25,10 @@ _PARAM_OF_TENSOR = {
     "top_p": "top_p",
     "seed": "seed",
     "return_log_probs": "logprobs",
+    "top_log_probs": "top_logprobs",
+    "logit_bias_ids": "logit_bias",
+    "logit_bias_values": "logit_bias",
+    "logit_bias": "logit_bias",
     "cache_salt": "cache_salt",
 }
 _FIELD_PREFIX = re.compile(r"^\s*([a-z_]+):")

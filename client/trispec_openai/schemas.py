@@ -1,8 +1,7 @@
 """OpenAI request bodies, validated: a bad field fails here with its name (400), before Triton sees it.
 
-Fields that would change the answer in a way we cannot honour (``echo``, ``suffix``, ``logit_bias``,
-top-k alternatives of log-probs) are refused with the reason rather than ignored (``response_format``
-and ``tools`` are served: trispec_openai.structured);
+Fields that would change the answer in a way we cannot honour (``echo``, ``suffix``) are refused with
+the reason rather than ignored (``response_format`` and ``tools`` are served: trispec_openai.structured);
 ``user``, ``metadata`` and ``store`` change nothing and are accepted. Unknown keys are refused, so that a
 misspelled field is not silently ignored. Our extensions: ``num_draft_tokens`` and ``top_k``; and
 vLLM's ``cache_salt`` (KV-cache blocks are shared only among requests with the same salt).
@@ -14,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trispec_openai.errors import unsupported
+from trispec_openai.errors import invalid, unsupported
 
 # how many choices (n x prompts) one request may fan out into at Triton
 MAX_CHOICES = 16
@@ -54,8 +53,11 @@ class _Sampling(_Body):
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> _Sampling:
-        if self.logit_bias:
-            raise unsupported("logit_bias", "is not applied by this server; leave it out")
+        for token, bias in (self.logit_bias or {}).items():
+            if not token.isdigit() or int(token) >= 2**31:
+                raise invalid(f"logit_bias: keys must be token ids, got {token!r}", "logit_bias")
+            if not -100 <= bias <= 100:
+                raise invalid(f"logit_bias: biases must be in [-100, 100], got {bias}", "logit_bias")
         if self.stream_options is not None and not self.stream:
             raise unsupported("stream_options", "only goes with stream: true")
         return self

@@ -1,4 +1,5 @@
-"""Request rules that reshape a distribution before sampling: penalties, bad words, min_tokens.
+"""Request rules that reshape a distribution before sampling: logit bias, penalties, bad words,
+min_tokens.
 
 Speculative sampling stays lossless only if the draft's ``q`` and the target's ``p`` are the
 distributions tokens are really drawn from, so the drafter and the verifier both call
@@ -27,6 +28,11 @@ def apply_rules(
     vocab_size = out.shape[-1]
     rows = out.shape[0]
     tokens = [*context, *drafts[: max(rows - 1, 0)]]
+    if params.logit_bias:
+        # first, as TensorRT-LLM adds its embedding bias (kernels/penaltyKernels.cu batchApplyPenalty)
+        ids, biases = zip(*params.logit_bias)
+        bias = torch.tensor(biases, dtype=out.dtype).expand(rows, -1)
+        out.index_add_(1, torch.tensor(ids, dtype=torch.long), bias)  # a repeated id: its biases summed
     if params.penalised:
         counts = _counts_per_row(tokens, len(context), rows, vocab_size)
         seen = counts > 0

@@ -5,7 +5,9 @@ Validation happens before a request enters the batch, so a bad request never dis
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trispec.errors import InvalidInputError
@@ -36,6 +38,12 @@ class GenerationRequest:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # added to these tokens' logits before anything else (OpenAI's logit_bias: token id -> bias; -100
+    # all but bans a token, 100 all but forces it)
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    # TensorRT-LLM's embedding bias: each word tokenised as a prompt is (its preprocessing encodes it
+    # with the tokenizer's defaults), and each of its tokens' logits gets the weight added
+    embedding_bias: Sequence[tuple[str, float]] = ()
     # end ids are not emitted before this many tokens
     min_tokens: int = 0
     return_log_probs: bool = False
@@ -135,6 +143,28 @@ def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limi
         not isinstance(w, str) or w == "" for w in request.bad_words
     ):
         raise InvalidInputError("bad_words", "must be a list of non-empty strings")
+    _check_logit_bias(request, limits.vocab_size)
     if request.guide is not None and not isinstance(request.guide, Guide):
         raise InvalidInputError("guided_decoding_guide", "must be a Guide")
     return k if k is not None else min(limits.default_num_draft_tokens, limits.max_num_draft_tokens)
+
+
+def _check_logit_bias(request: GenerationRequest, vocab_size: int) -> None:
+    if not isinstance(request.logit_bias, Mapping):
+        raise InvalidInputError("logit_bias", "must map token ids to biases")
+    for token, bias in request.logit_bias.items():
+        if not _is_int(token) or not 0 <= token < vocab_size:
+            raise InvalidInputError(
+                "logit_bias", f"token ids must be integers in [0, {vocab_size}), got {token!r}"
+            )
+        if not _is_finite(bias):
+            raise InvalidInputError("logit_bias", f"biases must be finite numbers, got {bias!r}")
+    for word, weight in request.embedding_bias:
+        if not isinstance(word, str) or not word:
+            raise InvalidInputError("embedding_bias_words", "must be non-empty strings")
+        if not _is_finite(weight):
+            raise InvalidInputError("embedding_bias_weights", f"must be finite numbers, got {weight!r}")
+
+
+def _is_finite(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

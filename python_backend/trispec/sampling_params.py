@@ -55,6 +55,8 @@ class SamplingParams:
     # masked where the sequence so far ends with the others), end ids masked until ``min_tokens``
     # tokens were generated, and the prompt length (where generated tokens start)
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    # (token id, bias) pairs added to the logits before the penalties, ids ascending, each once
+    logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
     end_ids: frozenset[int] = field(default_factory=frozenset)
     prompt_len: int = 0
@@ -121,9 +123,9 @@ class SamplingParams:
 
     @property
     def shapes_logits(self) -> bool:
-        """Whether logits go through ``logits_rules.apply_rules`` before sampling (penalties, bad
-        words, min_tokens); off by default, then nothing is spent on it."""
-        return self.penalised or bool(self.bad_words_ids) or self.min_tokens > 0
+        """Whether logits go through ``logits_rules.apply_rules`` before sampling (logit bias,
+        penalties, bad words, min_tokens); off by default, then nothing is spent on it."""
+        return self.penalised or bool(self.bad_words_ids) or self.min_tokens > 0 or bool(self.logit_bias)
 
     @property
     def guided(self) -> bool:

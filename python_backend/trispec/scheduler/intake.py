@@ -115,6 +115,15 @@ class Intake:
             )
         return self.grammars.compile(request.guide)
 
+    def _logit_bias(self, request: GenerationRequest) -> tuple[tuple[int, float], ...]:
+        """The request's biases by token id: its own, plus each embedding-bias word's weight on every
+        token of that word (tokenised as TensorRT-LLM's preprocessing does it, as a prompt)."""
+        bias: dict[int, float] = {int(t): float(b) for t, b in request.logit_bias.items()}
+        for word, weight in request.embedding_bias:
+            for token in self.encode(word):
+                bias[token] = bias.get(token, 0.0) + float(weight)
+        return tuple(sorted((t, b) for t, b in bias.items() if b != 0.0))
+
     def _sequence(
         self,
         request: GenerationRequest,
@@ -137,6 +146,7 @@ class Intake:
         sampling = replace(
             request.sampling,
             bad_words_ids=tuple(tuple(ids) for ids in map(self.encode_words, request.bad_words) if ids),
+            logit_bias=self._logit_bias(request),
             end_ids=end_ids,
             prompt_len=len(prompt_ids),
             rule=self.runner.sampling_rule,
@@ -188,6 +198,7 @@ def _refuse_logits_rules(sampling: SamplingParams) -> None:
     """For a runner that does not apply them: refuse, naming the request field, rather than ignore."""
     defaults = SamplingParams()
     for name, field_name in (
+        ("logit_bias", "logit_bias"),
         ("bad_words_ids", "bad_words"),
         ("repetition_penalty", "repetition_penalty"),
         ("presence_penalty", "presence_penalty"),

@@ -22,7 +22,8 @@ from trispec.serving.tensors.table import INPUTS, REFUSED_INPUTS
 MAX_RETURN_SEQUENCES = 16
 
 # the core's field names where they differ from the tensor a client sent
-_TENSOR_OF_FIELD = {"prompt": "text_input", "stop": "stop_words"}
+# (the core checks logit_bias' ids against the vocabulary; its values are checked here)
+_TENSOR_OF_FIELD = {"prompt": "text_input", "stop": "stop_words", "logit_bias": "logit_bias_ids"}
 
 
 def as_tensor_error(error: InvalidInputError) -> InvalidInputError:
@@ -110,6 +111,39 @@ def _words(get: GetInput, name: str) -> list[str]:
         for row in csv.reader([_text(name, item)]):
             words.extend(w for w in row if w)
     return words
+
+
+def _pairs(get: GetInput, keys: str, values: str) -> list[tuple[object, float]]:
+    """Two inputs read pairwise (keys[i] with values[i]); both or neither."""
+    key_array, value_array = get(keys), get(values)
+    if key_array is None and value_array is None:
+        return []
+    if key_array is None or value_array is None:
+        missing = keys if key_array is None else values
+        raise InvalidInputError(missing, f"{keys} and {values} go together: send both")
+    flat_keys, flat_values = key_array.reshape(-1), value_array.reshape(-1)
+    if flat_keys.size != flat_values.size:
+        raise InvalidInputError(
+            values, f"{flat_values.size} values for {flat_keys.size} entries of {keys}: one for each"
+        )
+    numbers = [float(v) for v in flat_values.tolist()]
+    if not all(math.isfinite(v) for v in numbers):
+        raise InvalidInputError(values, "must be finite numbers")
+    return list(zip(flat_keys.tolist(), numbers))
+
+
+def _logit_bias(get: GetInput) -> dict[int, float]:
+    bias: dict[int, float] = {}
+    for token, value in _pairs(get, "logit_bias_ids", "logit_bias_values"):
+        bias[int(token)] = bias.get(int(token), 0.0) + value  # type: ignore[call-overload]
+    return bias
+
+
+def _embedding_bias(get: GetInput) -> tuple[tuple[str, float], ...]:
+    """TensorRT-LLM's embedding bias: each entry one word (not a CSV list); empty words are dropped."""
+    pairs = _pairs(get, "embedding_bias_words", "embedding_bias_weights")
+    words = [(_text("embedding_bias_words", w), weight) for w, weight in pairs]
+    return tuple((w, weight) for w, weight in words if w)
 
 
 def _alias(get: GetInput, name: str, alias: str) -> int | None:
@@ -219,6 +253,8 @@ def parse_inputs(
         presence_penalty=float(pick(_float(get, "presence_penalty"), 0.0)),
         frequency_penalty=float(pick(_float(get, "frequency_penalty"), 0.0)),
         min_tokens=int(pick(min_tokens, 0)),
+        logit_bias=_logit_bias(get),
+        embedding_bias=_embedding_bias(get),
         return_log_probs=_bool(get, "return_log_probs"),
         top_log_probs=int(pick(_int(get, "top_log_probs"), 0)),
         guide=_guide(get),

@@ -72,12 +72,18 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("prompt_embedding_table", "TYPE_FP16", (-1, -1), status="refused", why=_PTUNING),
     TensorSpec("prompt_vocab_size", "TYPE_INT32", status="refused", why=_PTUNING),
     TensorSpec("prompt_table_extra_id", "TYPE_UINT64", status="refused", why=_PTUNING),
+    # each word tokenised as a prompt is, every one of its tokens' logits + the word's weight
+    TensorSpec("embedding_bias_words", "TYPE_STRING", (-1,)),
+    TensorSpec("embedding_bias_weights", "TYPE_FP32", (-1,)),
+    # ours (OpenAI's logit_bias): token ids and the biases added to their logits, pairwise
     TensorSpec(
-        "embedding_bias_words", "TYPE_STRING", (-1,), status="refused", why="embedding bias is not served"
+        "logit_bias_ids",
+        "TYPE_INT32",
+        (-1,),
+        status="extension",
+        why="with logit_bias_values: the bias added to each of these token ids' logits",
     ),
-    TensorSpec(
-        "embedding_bias_weights", "TYPE_FP32", (-1,), status="refused", why="embedding bias is not served"
-    ),
+    TensorSpec("logit_bias_values", "TYPE_FP32", (-1,), status="extension"),
     TensorSpec("num_draft_tokens", "TYPE_INT32"),
     # acceptance follows speculation.sampling_rule here (coupled: equality with the target's token;
     # rejection: the draft's probabilities); outputs follow the target
