@@ -239,3 +239,24 @@ def test_alternatives_come_beside_each_responses_log_probs(served) -> None:
         assert (np.diff(values[0, 0], axis=1) <= 0).all() and (ids >= 0).all()
         rows[name] = (ids, values)
     assert all(np.array_equal(a, b) for a, b in zip(rows["streamed"], rows["whole"]))
+
+
+def test_the_prompts_log_probs_come_once_with_the_first_response(served) -> None:
+    loop = served[0]
+    streamed, whole = RecordingSink(), RecordingSink()
+    for sink, stream in ((streamed, True), (whole, False)):
+        request = GenerationRequest(
+            prompt="abcd", max_tokens=6, return_log_probs=True, top_log_probs=2, prompt_log_probs=True
+        )
+        loop.submit(ParsedRequest(request, stream, False, 1, False, False, False), sink)
+    wait(streamed, whole)
+    firsts = []
+    for sink in (streamed, whole):
+        carrying = [t for t, _ in sink.responses if "prompt_log_probs" in t]
+        assert len(carrying) == 1 and carrying[0] is sink.responses[0][0]
+        first = carrying[0]
+        # the byte tokenizer: 4 prompt tokens, 3 of them after the first
+        assert first["prompt_log_probs"].shape == (1, 3) and (first["prompt_log_probs"] < 0).all()
+        assert first["prompt_top_token_ids"].shape == first["prompt_top_log_probs"].shape == (1, 3, 2)
+        firsts.append(first["prompt_log_probs"])
+    assert np.array_equal(*firsts)

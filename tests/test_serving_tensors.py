@@ -21,7 +21,7 @@ from trispec.serving.tensors import (
     response_tensors,
 )
 from trispec.stats import AcceptanceStats
-from trispec.step import KVCacheMetrics, TokenAlternatives
+from trispec.step import KVCacheMetrics, PromptLogProbs, TokenAlternatives
 
 
 def test_defaults_come_from_the_yaml_section() -> None:
@@ -55,6 +55,7 @@ def test_every_field_is_read() -> None:
         min_length=np.array([[4]], dtype=np.int32),
         return_log_probs=np.array([[True]]),
         top_log_probs=np.array([[4]], dtype=np.int32),
+        return_prompt_log_probs=np.array([[True]]),
         logit_bias_ids=np.array([[5, 9, 5]], dtype=np.int32),
         logit_bias_values=np.array([[1.5, -100, 0.5]], dtype=np.float32),
         embedding_bias_words=np.array([[b"a,b", b""]], dtype=object),
@@ -82,7 +83,7 @@ def test_every_field_is_read() -> None:
     assert (g.presence_penalty, g.frequency_penalty) == (0.5, 0.25)
     assert g.seed == 2**63 + 5
     assert list(g.stop) == ["a", "b", "c"]  # CSV inside each string, as the BLS model reads them
-    assert list(g.bad_words) == ["x"] and g.return_log_probs and g.top_log_probs == 4
+    assert list(g.bad_words) == ["x"] and g.return_log_probs and g.top_log_probs == 4 and g.prompt_log_probs
     # pairwise; a repeated id's biases summed; an embedding-bias entry is one word (no CSV), "" dropped
     assert g.logit_bias == {5: 2.0, 9: -100.0} and tuple(g.embedding_bias) == (("a,b", 2.0),)
     assert parsed.stream and parsed.exclude_input_in_output
@@ -202,6 +203,9 @@ def test_every_bls_tensor_is_declared_as_there() -> None:
     assert all(s.why for s in (*INPUTS, *OUTPUTS) if s.status == "refused")
 
 
+PROMPT_TOP = TokenAlternatives((1, 2), (-0.1, -3.0))
+
+
 def test_response_tensors_follow_the_output_table() -> None:
     stats = AcceptanceStats()
     stats.record_round(4, 3)
@@ -219,6 +223,7 @@ def test_response_tensors_follow_the_output_table() -> None:
         cum_log_prob=-1.5,
         # the second token's distribution (top-k 1) gives one token of the two asked for
         top_log_probs=(2, [TokenAlternatives((7, 3), (-0.5, -1.25)), TokenAlternatives((4,), (0.0,))]),
+        prompt_log_probs=(2, PromptLogProbs(1, [-3.0, -0.5, -2.0], [PROMPT_TOP] * 3)),
         perf=PerfMetrics(10, 20, 30, 40, KVCacheMetrics(5, 3, 1, 3, 40)),
         num_input_tokens=6,
         num_output_tokens=2,
@@ -234,11 +239,16 @@ def test_response_tensors_follow_the_output_table() -> None:
     # text_output is [1], as the BLS model sends it (NVIDIA's client does output[0].decode())
     assert plain["text_output"].shape == (1,) and plain["text_output"][0] == "héllo".encode()
     shaped = ("text_output", "output_log_probs", "output_top_token_ids", "output_top_log_probs")
+    shaped += ("prompt_log_probs", "prompt_top_token_ids", "prompt_top_log_probs")
     assert all(t.shape == (1, 1) for n, t in final.items() if n not in shaped)
     assert final["output_top_token_ids"].tolist() == [[[[7, 3], [4, -1]]]]
     assert final["output_top_token_ids"].dtype == np.int32
     lowest = float(np.finfo(np.float32).min)  # padding: not -inf, which Triton's JSON cannot carry
     assert final["output_top_log_probs"].tolist() == [[[[-0.5, -1.25], [0.0, lowest]]]]
+    assert final["prompt_log_probs"].tolist() == [[-3.0, -0.5, -2.0]]
+    assert final["prompt_top_token_ids"].shape == (1, 3, 2)
+    assert final["prompt_top_token_ids"][0, 2].tolist() == [1, 2]
+    assert final["prompt_top_log_probs"].dtype == np.float32
     assert final["output_log_probs"].shape == (1, 1, 2) and final["output_log_probs"].dtype == np.float32
     assert final["cum_log_probs"][0, 0] == -1.5
     assert (final["batch_index"][0, 0], final["sequence_index"][0, 0]) == (1, 2)

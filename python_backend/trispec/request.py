@@ -49,6 +49,9 @@ class GenerationRequest:
     return_log_probs: bool = False
     # with return_log_probs: the this-many most likely tokens at each position too (up to 20)
     top_log_probs: int = 0
+    # the log-prob of each prompt token after the first (OpenAI's echo with logprobs); the prompt is
+    # then computed whole, not taken from the prefix cache
+    prompt_log_probs: bool = False
     # a resumed stream: the text of the first this-many output tokens is not returned (the caller has
     # it); they are generated as usual, and their text comes back in ``RequestOutput.skipped_text``
     skip_output_tokens: int = 0
@@ -71,6 +74,7 @@ class GenerationRequest:
             frequency_penalty=self.frequency_penalty,
             return_log_probs=self.return_log_probs,
             top_log_probs=self.top_log_probs,
+            prompt_log_probs=self.prompt_log_probs,
             min_tokens=self.min_tokens,
         )
 

@@ -51,6 +51,10 @@ class SamplingParams:
     # with return_log_probs: also the this-many most likely tokens at each position, with their
     # log-probs under the same distribution (OpenAI's top_logprobs; 0: none)
     top_log_probs: int = 0
+    # the log-prob of each prompt token after the first under the model's own distribution (the
+    # softmax of its logits; with top_log_probs, alternatives too): computes the whole prompt, no
+    # prefix-cache reuse
+    prompt_log_probs: bool = False
     # resolved by the scheduler from the request: token sequences never emitted (the last token is
     # masked where the sequence so far ends with the others), end ids masked until ``min_tokens``
     # tokens were generated, and the prompt length (where generated tokens start)
@@ -108,6 +112,7 @@ class SamplingParams:
         object.__setattr__(self, "min_tokens", min_tokens)
         object.__setattr__(self, "return_log_probs", bool(self.return_log_probs))
         object.__setattr__(self, "top_log_probs", top_log_probs)
+        object.__setattr__(self, "prompt_log_probs", bool(self.prompt_log_probs))
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_k", top_k)
         object.__setattr__(self, "top_p", top_p)

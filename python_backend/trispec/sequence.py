@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from trispec.detokenize import StopTextTracker
 from trispec.sampling_params import SamplingParams
 from trispec.stats import AcceptanceStats
-from trispec.step import KVCacheMetrics
+from trispec.step import KVCacheMetrics, PromptLogProbs, TokenAlternatives
 
 
 class FinishReason(str, enum.Enum):
@@ -54,6 +54,18 @@ class Sequence:
     # its prompt in the target's KV pool, as of its first verified token: blocks reused and taken,
     # prompt tokens the prefix cache held (perf metrics, OpenAI's cached_tokens)
     kv_metrics: KVCacheMetrics | None = None
+    # prompt tokens 1.. scored so far (a request that asked for prompt log-probs), with alternatives
+    prompt_log_probs: list[float] = field(default_factory=list)
+    prompt_top_log_probs: list[TokenAlternatives] = field(default_factory=list)
+
+    def take_prompt_scores(self, scores: PromptLogProbs) -> None:
+        """Keep what a step scored of the prompt, in order; a recompute after preemption scores the
+        same tokens again: those are kept once."""
+        if scores.first != len(self.prompt_log_probs) + 1:
+            return
+        self.prompt_log_probs.extend(scores.log_probs)
+        if scores.top is not None:
+            self.prompt_top_log_probs.extend(scores.top)
 
     @property
     def token_ids(self) -> list[int]:

@@ -28,6 +28,16 @@ class TokenAlternatives:
 
 
 @dataclass(frozen=True)
+class PromptLogProbs:
+    """Log-probs of prompt tokens a step's feed scored: ``log_probs[i]`` is prompt token
+    ``first + i``'s under the model's softmax at the position before it; ``top`` its alternatives."""
+
+    first: int
+    log_probs: list[float]
+    top: list[TokenAlternatives] | None = None
+
+
+@dataclass(frozen=True)
 class Admitted:
     """What a sequence's caches hold of its verified tokens as it is admitted (their prefix caches)."""
 
@@ -87,6 +97,8 @@ class SeqResult:
     log_probs: list[float] | None = None
     # beside ``log_probs``, when the request asked for alternatives: one entry per new token
     top_log_probs: list[TokenAlternatives] | None = None
+    # prompt tokens this step's feed scored, when the request asked for prompt log-probs
+    prompt_log_probs: PromptLogProbs | None = None
     # a guided sequence the grammar ended with no token: GRAMMAR_COMPLETE (satisfied, no end id to
     # emit), else why no token was allowed (a dead end)
     grammar_end: str | None = None

@@ -19,7 +19,8 @@ from trispec.drafters.base import DraftProposal
 from trispec.guided.state import mask_rows
 from trispec.logits_rules import apply_rules, log_probs_of, top_log_probs_of
 from trispec.sampling import coupled_tokens, logits_to_probs
-from trispec.step import SeqStep, TokenAlternatives
+from trispec.sampling_params import SamplingParams
+from trispec.step import PromptLogProbs, SeqStep, TokenAlternatives
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,27 @@ def verify_round(
             top = top_log_probs_of(shaped[i], s.sampling, len(result.tokens), probs)
         results.append(Verified(result, log_probs, top))
     return results
+
+
+def prompt_rows(s: SeqStep) -> int:
+    """How many prompt tokens this step's feed scores for a request that asked for prompt log-probs:
+    the fed positions whose next token is a prompt token (the first fed position scores token
+    ``num_computed + 1``). 0 for other requests."""
+    if not s.sampling.prompt_log_probs:
+        return 0
+    return max(0, min(s.feed_to, s.sampling.prompt_len - 1) - s.num_computed)
+
+
+def score_prompt(s: SeqStep, rows: torch.Tensor) -> PromptLogProbs:
+    """``rows`` ``[n, V]``: the logits at the first ``n`` fed positions -> the log-probs of the prompt
+    tokens after them under the model's softmax (no temperature, rules or grammar: the prompt was not
+    sampled), and their alternatives when the request asks for them."""
+    n = rows.shape[0]
+    first = s.num_computed + 1
+    plain = SamplingParams(return_log_probs=True, top_log_probs=s.sampling.top_log_probs)
+    log_probs = log_probs_of(rows, plain, s.token_ids[first : first + n])
+    top = top_log_probs_of(rows, plain, n) if plain.top_log_probs else None
+    return PromptLogProbs(first, log_probs, top)
 
 
 def _apply_masks(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from trispec.engine.base import Engine, ForwardInput
 from trispec.step import SeqResult, SeqStep, StepResult
+from trispec.verifier import prompt_rows
 
 if TYPE_CHECKING:
     from trispec.runners.graph_round import GraphRound
@@ -42,6 +43,8 @@ class GraphSide:
         runs that round eagerly. A failure of the graphs turns them off for good: the step is undone
         and every round runs eagerly."""
         assert self.graphs is not None
+        if any(prompt_rows(s) for s in [*chunks, *decodes]):  # prompt log-probs: every fed row's logits
+            return None
         ready = [
             s if len(s.token_ids) - s.num_computed == 1 else replace(s, num_computed=len(s.token_ids) - 1)
             for s in decodes

@@ -40,7 +40,7 @@ from trispec.step import (
     StepPlan,
     StepResult,
 )
-from trispec.verifier import verify_round
+from trispec.verifier import prompt_rows, score_prompt, verify_round
 
 if TYPE_CHECKING:
     from trispec.runners.graph_round import GraphRound
@@ -135,7 +135,9 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
     ) -> Admitted:
         self.target.add_sequence(seq_id, max_length, cache_salt)
         self._admitted.add(seq_id)
-        cached = self.target.reuse_prefix(seq_id, token_ids) if token_ids else 0
+        # prompt log-probs need every prompt position's logits: nothing is taken from the prefix cache
+        reuse = bool(token_ids) and not sampling.prompt_log_probs
+        cached = self.target.reuse_prefix(seq_id, token_ids) if reuse else 0
         draft_cached = 0
         if drafts:
             draft_cached = self.drafter.add_sequence(seq_id, max_length, cache_salt, token_ids)
@@ -233,13 +235,21 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         t1 = time.perf_counter()
         # one batched target pass: each decode feeds its new tokens + drafts and wants logits for the
         # last k + 1 (row i scores draft i, the last row the bonus); prompt chunks want none
+        # (a request asking for prompt log-probs wants every fed position's logits: its prompt rows
+        # first, its verify rows last)
+        feeds = [[*s.token_ids[s.num_computed :], *d.tokens] for s, d in zip(decodes, drafts)]
+        feeds += [list(s.token_ids[s.num_computed : s.feed_to]) for s in chunks]
+        wanted = [len(d.tokens) + 1 for d in drafts] + [0] * len(chunks)
+        fed = [*decodes, *chunks]
         inputs = [
-            ForwardInput(s.seq_id, [*s.token_ids[s.num_computed :], *d.tokens], len(d.tokens) + 1)
-            for s, d in zip(decodes, drafts)
+            ForwardInput(s.seq_id, feed, len(feed) if prompt_rows(s) else n)
+            for s, feed, n in zip(fed, feeds, wanted)
         ]
-        inputs += [ForwardInput(s.seq_id, s.token_ids[s.num_computed : s.feed_to], 0) for s in chunks]
         logits = self.target.forward(inputs)
         results = {}
+        scored = {s.seq_id: score_prompt(s, out[:n]) for s, out in zip(fed, logits) if (n := prompt_rows(s))}
+        if scored:
+            logits = [rows[-(len(d.tokens) + 1) :] for d, rows in zip(drafts, logits)]
         verified = verify_round(decodes, drafts, logits[: len(decodes)], self._generators, masks)
         for s, draft, guide, outcome in zip(decodes, drafts, guides, verified):
             accepted = outcome.accepted
@@ -259,10 +269,12 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
                 computed,
                 log_probs=outcome.log_probs,
                 top_log_probs=outcome.top_log_probs,
+                prompt_log_probs=scored.get(s.seq_id),
                 grammar_end=grammar_end,
             )
         for s in chunks:
-            results[s.seq_id] = SeqResult(s.seq_id, num_computed=s.feed_to)
+            scores = scored.get(s.seq_id)
+            results[s.seq_id] = SeqResult(s.seq_id, num_computed=s.feed_to, prompt_log_probs=scores)
         catch_up = sum(d.catch_up_tokens for d in drafts)
         return StepResult(
             results,

@@ -205,6 +205,7 @@ def _refuse_logits_rules(sampling: SamplingParams) -> None:
         ("frequency_penalty", "frequency_penalty"),
         ("min_tokens", "min_tokens"),
         ("return_log_probs", "return_log_probs"),
+        ("prompt_log_probs", "prompt_log_probs"),
     ):
         if getattr(sampling, name) != getattr(defaults, name):
             raise InvalidInputError(field_name, "is not supported by this engine (engine.kind trtllm) yet")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from trispec.errors import InvalidInputError
 from trispec.sequence import FinishReason, Sequence
 from trispec.stats import AcceptanceStats, EngineStats
-from trispec.step import GRAMMAR_COMPLETE, KVCacheMetrics, SeqResult, TokenAlternatives
+from trispec.step import GRAMMAR_COMPLETE, KVCacheMetrics, PromptLogProbs, SeqResult, TokenAlternatives
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,9 @@ class RequestOutput:
     new_log_probs: list[float] | None = None
     # beside ``new_log_probs`` when the request asked for alternatives (top_log_probs): one per token
     new_top_log_probs: list[TokenAlternatives] | None = None
+    # on the request's first output, when it asked for them: its prompt tokens' log-probs (from
+    # prompt token 1 on; token 0 has nothing before it)
+    prompt_log_probs: PromptLogProbs | None = None
     num_prompt_tokens: int = 0
     # wall clock (time.time_ns) when the request was first admitted into the batch
     first_scheduled_ns: int | None = None
@@ -45,6 +48,7 @@ class RequestOutput:
 
 def apply_result(seq: Sequence, result: SeqResult, planned_k: int, stats: EngineStats) -> RequestOutput:
     """Account, emit and finish one sequence after its verify."""
+    first = not seq.output_ids
     seq.stats.record_round(result.num_drafted, result.num_accepted, planned_k)
     stats.record_round(result.num_drafted, result.num_accepted, planned_k)
     if result.grammar_end is not None:
@@ -78,6 +82,9 @@ def apply_result(seq: Sequence, result: SeqResult, planned_k: int, stats: Engine
     log_probs = None if result.log_probs is None else result.log_probs[: len(new_ids)]
     top = None if result.top_log_probs is None else result.top_log_probs[: len(new_ids)]
     output = request_output(seq, new_ids, text, log_probs, top)
+    if first and seq.sampling.prompt_log_probs:
+        top_prompt = seq.prompt_top_log_probs if seq.sampling.top_log_probs else None
+        output = replace(output, prompt_log_probs=PromptLogProbs(1, seq.prompt_log_probs, top_prompt))
     return replace(output, skipped_text=skipped) if skipped else output
 
 

@@ -190,6 +190,8 @@ class Scheduler(Intake, Admission):
             # tokens fed besides a decode's pending one: prompt (or, after preemption, recompute)
             self.stats.prefill_tokens += step.feed_to - step.num_computed - (not step.is_prompt_chunk)
             seq.num_computed = seq_result.num_computed
+            if seq_result.prompt_log_probs is not None:
+                seq.take_prompt_scores(seq_result.prompt_log_probs)
             if step.is_prompt_chunk:
                 continue
             if seq_result.num_drafted:  # the draft cache now holds what the target's does

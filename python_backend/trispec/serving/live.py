@@ -14,7 +14,7 @@ import numpy as np
 
 from trispec.scheduler import RequestOutput
 from trispec.serving.tensors import ParsedRequest, PerfMetrics, response_tensors, skipped_digest
-from trispec.step import TokenAlternatives
+from trispec.step import PromptLogProbs, TokenAlternatives
 
 # what an error response says to the client: Triton's INTERNAL, INVALID_ARG (HTTP 400) or
 # UNAVAILABLE (HTTP 503, gRPC UNAVAILABLE: retry later or elsewhere)
@@ -64,6 +64,8 @@ class Live:
     pending_tokens: int = 0
     pending_log_probs: list[float] = field(default_factory=list)
     pending_top_log_probs: list[TokenAlternatives] = field(default_factory=list)
+    # the prompt's scores, until the first response carries them
+    pending_prompt_log_probs: PromptLogProbs | None = None
     cum_log_prob: float = 0.0
     # a sampled sequence's seed, sent once with its first response (sampling_seed)
     seed: int | None = None
@@ -78,6 +80,10 @@ class Live:
     def _alternatives(self) -> tuple[int, list[TokenAlternatives]] | None:
         count = self.request.generation.top_log_probs
         return (count, self.pending_top_log_probs) if count else None
+
+    def _prompt_scores(self) -> tuple[int, PromptLogProbs] | None:
+        scores = self.pending_prompt_log_probs
+        return None if scores is None else (self.request.generation.top_log_probs, scores)
 
     def take(self, out: RequestOutput, now_ns: int) -> dict[str, np.ndarray] | None:
         """Account one round's output; the response tensors to send now, or None (nothing to show
@@ -97,6 +103,8 @@ class Live:
             self.cum_log_prob += math.fsum(out.new_log_probs)
         if out.new_top_log_probs is not None:
             self.pending_top_log_probs.extend(out.new_top_log_probs[skipped:])
+        if out.prompt_log_probs is not None and not self.responded:
+            self.pending_prompt_log_probs = out.prompt_log_probs
         if request.stream:
             if not out.finished and not out.new_text:
                 return None
@@ -126,6 +134,7 @@ class Live:
             log_probs=self.pending_log_probs if request.generation.return_log_probs else None,
             cum_log_prob=self.cum_log_prob,
             top_log_probs=self._alternatives(),
+            prompt_log_probs=self._prompt_scores(),
             perf=perf,
             num_input_tokens=out.num_prompt_tokens if request.return_num_input_tokens else None,
             num_output_tokens=self.pending_tokens if request.return_num_output_tokens else None,
@@ -135,7 +144,7 @@ class Live:
             cached_tokens=out.cached_tokens,
         )
         self.pending_tokens, self.pending_log_probs, self.responded = 0, [], True
-        self.pending_top_log_probs = []
+        self.pending_top_log_probs, self.pending_prompt_log_probs = [], None
         return tensors
 
 

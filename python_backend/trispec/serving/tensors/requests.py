@@ -257,6 +257,7 @@ def parse_inputs(
         embedding_bias=_embedding_bias(get),
         return_log_probs=_bool(get, "return_log_probs"),
         top_log_probs=int(pick(_int(get, "top_log_probs"), 0)),
+        prompt_log_probs=_bool(get, "return_prompt_log_probs"),
         guide=_guide(get),
         cache_salt=_cache_salt(get, require_cache_salt),
     )

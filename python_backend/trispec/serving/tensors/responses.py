@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trispec.stats import AcceptanceStats
-from trispec.step import KVCacheMetrics, TokenAlternatives
+from trispec.step import KVCacheMetrics, PromptLogProbs, TokenAlternatives
 
 if TYPE_CHECKING:
     from trispec.serving.tensors.requests import ParsedRequest
@@ -44,6 +44,7 @@ def response_tensors(
     log_probs: Sequence[float] | None = None,
     cum_log_prob: float = 0.0,
     top_log_probs: tuple[int, Sequence[TokenAlternatives]] | None = None,
+    prompt_log_probs: tuple[int, PromptLogProbs] | None = None,
     perf: PerfMetrics | None = None,
     num_input_tokens: int | None = None,
     num_output_tokens: int | None = None,
@@ -54,7 +55,8 @@ def response_tensors(
 ) -> dict[str, np.ndarray]:
     """Output tensors of one response. ``finish_reason`` and ``stats`` on the final one; ``stats`` so
     far with ``perf``; ``log_probs`` (this response's tokens) when the request asked for them, and
-    ``top_log_probs`` (N asked for, and each of those tokens' alternatives) beside them."""
+    ``top_log_probs`` (N asked for, and each of those tokens' alternatives) beside them;
+    ``prompt_log_probs`` (N, and the prompt's scores) on the first response of a request that asked."""
     tensors = {
         # [1], as the BLS model's postprocessing sends it: clients do ``output[0].decode()``
         "text_output": np.array([text.encode("utf-8")], dtype=object),
@@ -68,6 +70,12 @@ def response_tensors(
         tensors["output_log_probs"] = np.array([[list(log_probs)]], dtype=np.float32).reshape(1, 1, -1)
     if top_log_probs is not None:
         tensors.update(_alternatives(*top_log_probs))
+    if prompt_log_probs is not None:
+        count, prompt = prompt_log_probs
+        tensors["prompt_log_probs"] = np.array([prompt.log_probs], dtype=np.float32).reshape(1, -1)
+        if prompt.top is not None:
+            ids, values = _alternatives(count, prompt.top).values()
+            tensors.update(prompt_top_token_ids=ids[0], prompt_top_log_probs=values[0])
     if seed is not None:
         tensors["sampling_seed"] = _cell(seed, np.uint64)
     if skipped_text_sha256 is not None:

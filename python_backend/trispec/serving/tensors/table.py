@@ -64,6 +64,14 @@ INPUTS: tuple[TensorSpec, ...] = (
         status="extension",
         why="with return_log_probs: the N (up to 20) most likely tokens and their log-probs at each position",
     ),
+    # ours (OpenAI's echo with logprobs, vLLM's prompt_logprobs): the prompt computed whole, not
+    # taken from the prefix cache
+    TensorSpec(
+        "return_prompt_log_probs",
+        "TYPE_BOOL",
+        status="extension",
+        why="the log-prob of each prompt token after the first, on the first response",
+    ),
     TensorSpec("return_context_logits", "TYPE_BOOL", status="refused", why=_LOGITS),
     TensorSpec("return_generation_logits", "TYPE_BOOL", status="refused", why=_LOGITS),
     TensorSpec("num_return_sequences", "TYPE_INT32"),
@@ -126,6 +134,11 @@ OUTPUTS: tuple[TensorSpec, ...] = (
     # where top-k / top-p leave fewer than N tokens the row is padded with id -1
     TensorSpec("output_top_token_ids", "TYPE_INT32", (-1, -1, -1), status="extension"),
     TensorSpec("output_top_log_probs", "TYPE_FP32", (-1, -1, -1), status="extension"),
+    # with return_prompt_log_probs, on the first response: prompt tokens 1.. under the model's softmax
+    # ([prompt tokens - 1]); with top_log_probs N too, their alternatives ([prompt tokens - 1, N])
+    TensorSpec("prompt_log_probs", "TYPE_FP32", (-1,), status="extension"),
+    TensorSpec("prompt_top_token_ids", "TYPE_INT32", (-1, -1), status="extension"),
+    TensorSpec("prompt_top_log_probs", "TYPE_FP32", (-1, -1), status="extension"),
     # declared so that asking for them is not a Triton error; never sent (the inputs are refused)
     TensorSpec("context_logits", "TYPE_FP32", (-1, -1), status="refused", why=_LOGITS),
     TensorSpec("generation_logits", "TYPE_FP32", (-1, -1, -1), status="refused", why=_LOGITS),

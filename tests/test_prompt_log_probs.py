@@ -1,0 +1,60 @@
+"""Prompt log-probs (OpenAI's ``echo`` with ``logprobs``): every prompt token after the first scored
+under the target's own softmax, the same whatever the chunking of the prefill, k or the prefix cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import model_drafter, run_to_completion, spec_engine, tiny_engine
+from trispec.engine.base import ForwardInput
+from trispec.logits_rules import top_log_probs_of
+from trispec.request import GenerationRequest
+from trispec.sampling_params import SamplingParams
+from trispec.scheduler import RequestOutput
+from trispec.step import PromptLogProbs
+
+# long enough for several prefill chunks of 16 and a few full KV blocks of 8
+PROMPT = [(7 * i + 3) % 250 + 1 for i in range(53)]
+
+
+def scores(llm, **fields: object) -> tuple[PromptLogProbs, list[RequestOutput]]:  # type: ignore[no-untyped-def]
+    request = GenerationRequest(prompt_token_ids=PROMPT, max_tokens=5, prompt_log_probs=True, **fields)  # type: ignore[arg-type]
+    rid = llm.add_request(request)
+    outputs = run_to_completion(llm)[rid]
+    carried = [o.prompt_log_probs for o in outputs if o.prompt_log_probs is not None]
+    assert len(carried) == 1 and outputs[0].prompt_log_probs is not None  # on the first output only
+    return carried[0], outputs
+
+
+def test_prompt_log_probs_are_the_targets_softmax_whatever_the_chunks_or_k() -> None:
+    target = tiny_engine(0)
+    target.add_sequence(0, len(PROMPT))
+    logits = target.forward([ForwardInput(0, PROMPT, len(PROMPT))])[0][:-1]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(PROMPT[1:]).view(-1, 1)).view(-1)
+    top = top_log_probs_of(logits, SamplingParams(return_log_probs=True, top_log_probs=3), len(PROMPT) - 1)
+    runs = []
+    for k, chunk in ((0, 512), (3, 16), (4, 7)):
+        llm = spec_engine(
+            tiny_engine(0), model_drafter(5), max_context=256, max_prefill_tokens_per_step=chunk
+        )
+        got, _ = scores(
+            llm, num_draft_tokens=k, return_log_probs=True, top_log_probs=3, temperature=0.8, seed=2
+        )
+        assert got.first == 1 and got.log_probs == pytest.approx(expected.tolist(), abs=1e-4)
+        assert got.top is not None and [a.token_ids for a in got.top] == [a.token_ids for a in top]
+        runs.append(got)
+    # bit for bit whatever the chunking and k: each row is the same row of the same batch-invariant pass
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_a_cached_prompt_is_computed_again_for_its_log_probs() -> None:
+    llm = spec_engine(tiny_engine(0), None, max_context=256)
+    plain = GenerationRequest(prompt_token_ids=PROMPT, max_tokens=5)
+    rid = llm.add_request(plain)
+    run_to_completion(llm)
+    again = llm.add_request(plain)
+    assert run_to_completion(llm)[again][-1].cached_tokens > 0  # the prompt's full blocks are cached
+    got, outputs = scores(llm)
+    assert outputs[-1].cached_tokens == 0 and len(got.log_probs) == len(PROMPT) - 1
+    fresh, _ = scores(spec_engine(tiny_engine(0), None, max_context=256))
+    assert got == fresh and rid != again
