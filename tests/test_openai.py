@@ -464,3 +464,40 @@ def test_logit_bias_bans_and_forces_tokens(client: openai.OpenAI, served_tokeniz
             extra_body={"num_draft_tokens": k},
         )
         assert forced.choices[0].text == " the" * 6
+
+
+@pytest.mark.server
+def test_echo_scores_the_prompt_as_lm_eval_asks(client: openai.OpenAI) -> None:
+    """lm-eval's loglikelihood request (echo, logprobs 1, max_tokens 1, temperature 0), and max_tokens 0:
+    the prompt's tokens scored, the first with nothing before it (null)."""
+    answer = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, logprobs=1, temperature=0)
+    generated = answer.choices[0].logprobs
+    assert generated is not None and generated.tokens and generated.token_logprobs
+    whole = PROMPT + answer.choices[0].text
+    for max_tokens in (0, 1):
+        echoed = client.completions.create(
+            model=MODEL, prompt=whole, max_tokens=max_tokens, logprobs=1, temperature=0, echo=True
+        )
+        choice = echoed.choices[0]
+        lp = choice.logprobs
+        assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs and lp.text_offset
+        assert choice.text.startswith(whole) and "".join(lp.tokens) == choice.text
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+        # the answer's tokens, scored as part of a prompt, have the log-probs they were generated with
+        n = len(generated.tokens)
+        scored = lp.token_logprobs[len(lp.tokens) - max_tokens - n : len(lp.tokens) - max_tokens]
+        assert scored == pytest.approx(generated.token_logprobs, abs=1e-4)
+        # lm-eval's is_greedy: each scored token is its position's most likely one (greedy answer)
+        tops = lp.top_logprobs[len(lp.tokens) - max_tokens - n : len(lp.tokens) - max_tokens]
+        assert all(tok == pytest.approx(max(top.values()), abs=1e-6) for tok, top in zip(scored, tops))
+        assert echoed.usage is not None and echoed.usage.completion_tokens == max_tokens
+        if max_tokens == 0:
+            assert choice.text == whole and choice.finish_reason == "length"
+    streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, echo=True, stream=True)
+    texts = [c.choices[0].text for c in streamed if c.choices]
+    assert texts[0].startswith(PROMPT) and "".join(texts).startswith(PROMPT)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0)
+    assert "echo" in refused.value.message

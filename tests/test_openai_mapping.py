@@ -84,7 +84,7 @@ def test_requests_map_to_triton_inputs() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"prompt": "x", "logit_bias": {"a": 5}}, "logit_bias"),
         ({"prompt": "x", "logit_bias": {"1": 101}}, "logit_bias"),
         ({"prompt": "x", "best_of": 3}, "best_of"),

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trispec_client.results import SpeculationStats
@@ -27,14 +27,15 @@ class Alternative:
 
 @dataclass(frozen=True)
 class Delta:
-    """What one piece adds to a choice: its text and, when log-probs were asked for, its tokens."""
+    """What one piece adds to a choice: its text and, when log-probs were asked for, its tokens (an
+    echoed prompt's first token has no log-prob: None)."""
 
     text: str
     tokens: tuple[str, ...] = ()
-    logprobs: tuple[float, ...] = ()
+    logprobs: tuple[float | None, ...] = ()
     offsets: tuple[int, ...] = ()  # each token's character offset in the choice's text
     # beside each token when alternatives were asked for: the most likely tokens there
-    top: tuple[tuple[Alternative, ...], ...] = ()
+    top: tuple[tuple[Alternative, ...] | None, ...] = ()
     # the seed the choice samples with, on the piece that first said it
     seed: int | None = None
 
@@ -45,9 +46,9 @@ class Choice:
     prompt_index: int
     text: str = ""
     tokens: list[str] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
-    top: list[tuple[Alternative, ...]] = field(default_factory=list)
+    top: list[tuple[Alternative, ...] | None] = field(default_factory=list)
     token_count: int = 0
     finish_reason: str | None = None
     stats: SpeculationStats | None = None
@@ -56,19 +57,28 @@ class Choice:
     seed: int | None = None
     # prompt tokens the server's prefix cache held (from the final response)
     cached_tokens: int | None = None
+    # completions' echo: this prompt goes before the answer (with its tokens' log-probs when scored)
+    echo: str | None = None
+    # False for max_tokens 0 with echo: the one token the model had to generate is not part of it
+    keep_output: bool = True
 
     def add(self, piece: Piece, tokenizer: ServedTokenizer) -> Delta:
+        text_from, token_from = len(self.text), len(self.tokens)
+        if self.echo is not None:
+            self._echo(self.echo, piece, tokenizer)
+            self.echo = None  # once, whatever a resumed stream sends again
+        if not self.keep_output:
+            reason = "length" if piece.final else None
+            piece = replace(piece, text="", token_count=0, logprobs=(), top_logprobs=(), finish_reason=reason)
         tokens = tokenizer.split(piece.text, len(piece.logprobs))
-        offsets, position = [], len(self.text)
+        position = len(self.text)
         for token in tokens:
-            offsets.append(position)
+            self.offsets.append(position)
             position += len(token)
         self.text += piece.text
         self.tokens += tokens
         self.logprobs += piece.logprobs
-        self.offsets += offsets
-        top = tuple(tuple(_alternative(tokenizer, i, lp) for i, lp in row) for row in piece.top_logprobs)
-        self.top += top
+        self.top += [_named(tokenizer, row) for row in piece.top_logprobs]
         self.token_count = piece.token_count
         # kept from whichever response carried them (the final one, unless it came empty)
         self.finish_reason = piece.finish_reason or self.finish_reason
@@ -77,11 +87,40 @@ class Choice:
         self.cached_tokens = piece.cached_tokens if piece.cached_tokens is not None else self.cached_tokens
         new_seed = piece.seed if self.seed is None else None
         self.seed = self.seed if self.seed is not None else piece.seed
-        return Delta(piece.text, tuple(tokens), piece.logprobs, tuple(offsets), top, new_seed)
+        return Delta(
+            self.text[text_from:],
+            tuple(self.tokens[token_from:]),
+            tuple(self.logprobs[token_from:]),
+            tuple(self.offsets[token_from:]),
+            tuple(self.top[token_from:]),
+            new_seed,
+        )
+
+    def _echo(self, prompt: str, piece: Piece, tokenizer: ServedTokenizer) -> None:
+        """The prompt before the answer; scored (echo with logprobs), its tokens too. The model scores
+        every prompt token but the first; a BOS the tokenizer adds is that first one, and has no
+        text, so then every token of the text has a log-prob, else the first is None."""
+        self.text = prompt
+        if piece.prompt_logprobs is None:
+            return
+        count = len(tokenizer.tokenizer.encode(prompt, add_bos=False))
+        tokens = tokenizer.split(prompt, count)
+        scored = list(piece.prompt_logprobs)[-count:] if count else []
+        unscored = count - len(scored)
+        self.tokens = tokens
+        self.logprobs = [None] * unscored + scored
+        position = 0
+        for token in tokens:
+            self.offsets.append(position)
+            position += len(token)
+        if piece.prompt_top_logprobs:
+            rows = [_named(tokenizer, row) for row in piece.prompt_top_logprobs]
+            self.top = [None] * unscored + rows[len(rows) - len(scored) :]
 
 
-def _alternative(tokenizer: ServedTokenizer, token_id: int, logprob: float) -> Alternative:
-    return Alternative(tokenizer.token_string(token_id), logprob, tuple(tokenizer.token_bytes(token_id)))
+def _named(tokenizer: ServedTokenizer, row: tuple[tuple[int, float], ...]) -> tuple[Alternative, ...]:
+    """(token id, log-prob) pairs -> alternatives named by their tokens."""
+    return tuple(Alternative(tokenizer.token_string(i), lp, tuple(tokenizer.token_bytes(i))) for i, lp in row)
 
 
 def usage(choices: list[Choice], prompts: list[str], tokenizer: ServedTokenizer) -> dict[str, Any]:

@@ -27,14 +27,17 @@ _TAGGED = re.compile(TOOL_CALL_TAG + r".*?</tool_call>", re.DOTALL)
 _FINISH = {"cancelled": "abort"}
 
 
-def _rows(top: Any, count: int) -> list[tuple[Alternative, ...]]:
+def _rows(top: Any, count: int) -> list[tuple[Alternative, ...] | None]:
     """Each token's alternatives (none where none were sent)."""
     rows = list(top)
     return rows + [()] * (count - len(rows))
 
 
-def _by_token(row: tuple[Alternative, ...]) -> dict[str, float]:
-    """Most likely first; two ids of the same text keep the more likely one's log-prob."""
+def _by_token(row: tuple[Alternative, ...] | None) -> dict[str, float] | None:
+    """Most likely first; two ids of the same text keep the more likely one's log-prob (None: an
+    echoed prompt's first token, which has nothing before it)."""
+    if row is None:
+        return None
     named: dict[str, float] = {}
     for a in row:
         named.setdefault(a.token, a.logprob)
@@ -148,7 +151,7 @@ class ChatFormat(CompletionFormat):
                 "token": t,
                 "logprob": lp,
                 "bytes": list(t.encode("utf-8")),
-                "top_logprobs": [_alternative(a) for a in row],
+                "top_logprobs": [_alternative(a) for a in row or ()],
             }
             for t, lp, row in zip(tokens, logprobs, _rows(top, len(tokens)))
         ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trispec_client.errors import InvalidRequestError
 from trispec_client.request import GenerationRequest
@@ -27,6 +27,10 @@ class Job:
     penalties: tuple[tuple[str, float], ...] = ()
     # the OpenAI field a guided request's guide came from, named when the model refuses the guide
     guide_param: str = "response_format"
+    # completions' echo: the prompt, put before the answer
+    echo: str | None = None
+    # False for max_tokens 0 (with echo): the one token generated is dropped, only the prompt is scored
+    keep_output: bool = True
 
 
 def stop_word(stop: str) -> str:
@@ -44,6 +48,9 @@ def jobs(
     ``structure`` says (response_format, tools)."""
     structure = structure or Structure()
     max_tokens = body.token_limit if isinstance(body, ChatCompletionRequest) else body.max_tokens
+    echo = isinstance(body, CompletionRequest) and body.echo
+    # Triton generates at least one token: max_tokens 0 sends 1 and drops it
+    keep_output = max_tokens != 0
     stops = tuple(stop_word(s) for s in body.stop_list if s)
     penalties = tuple(
         (name, float(value))
@@ -56,7 +63,7 @@ def jobs(
             try:
                 request = GenerationRequest(
                     prompt=prompt,
-                    max_tokens=max_tokens,
+                    max_tokens=max_tokens if keep_output else 1,
                     num_draft_tokens=body.num_draft_tokens,
                     temperature=body.temperature,
                     top_k=body.top_k,
@@ -71,5 +78,6 @@ def jobs(
                 )
             except InvalidRequestError as exc:  # a value the tensors cannot carry (an int over INT32)
                 raise invalid(exc.message, param_of(exc.message)) from None
-            result.append(Job(prompt_index * body.n + i, prompt_index, request, penalties, structure.param))
+            job = Job(prompt_index * body.n + i, prompt_index, request, penalties, structure.param)
+            result.append(replace(job, echo=prompt if echo else None, keep_output=keep_output))
     return result

@@ -1,6 +1,6 @@
 """OpenAI request bodies, validated: a bad field fails here with its name (400), before Triton sees it.
 
-Fields that would change the answer in a way we cannot honour (``echo``, ``suffix``) are refused with
+Fields that would change the answer in a way we cannot honour (``suffix``) are refused with
 the reason rather than ignored (``response_format`` and ``tools`` are served: trispec_openai.structured);
 ``user``, ``metadata`` and ``store`` change nothing and are accepted. Unknown keys are refused, so that a
 misspelled field is not silently ignored. Our extensions: ``num_draft_tokens`` and ``top_k``; and
@@ -76,8 +76,11 @@ class _Sampling(_Body):
 class CompletionRequest(_Sampling):
     # list[Any]: token-id prompts reach our check, which says why they are refused
     prompt: str | list[Any]
+    # 0 only with echo: the prompt scored, nothing generated
+    max_tokens: int | None = Field(None, ge=0)
     # the log-prob of each generated token and, for N > 0, the N most likely tokens at each
     logprobs: int | None = Field(None, ge=0, le=5)
+    # the prompt before each answer; with logprobs, its tokens' log-probs too (the first: null)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)
@@ -91,8 +94,8 @@ class CompletionRequest(_Sampling):
             )
         if len(prompts) * self.n > MAX_CHOICES:
             raise unsupported("n", f"prompts x n is {len(prompts) * self.n}, over {MAX_CHOICES}")
-        if self.echo:
-            raise unsupported("echo", "the prompt is not echoed (no prompt log-probs); leave it out")
+        if self.max_tokens == 0 and not self.echo:
+            raise unsupported("max_tokens", "0 only goes with echo: true (the prompt alone, none generated)")
         if self.suffix:
             raise unsupported("suffix", "insertion is not supported; leave it out")
         if self.best_of is not None and self.best_of != self.n:

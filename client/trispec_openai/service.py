@@ -110,7 +110,9 @@ class Call:
         self.fmt = fmt
         self.prompts = prompts
         self.include_usage = include_usage
-        self.choices = [Choice(job.index, job.prompt_index) for job in jobs]
+        self.choices = [
+            Choice(job.index, job.prompt_index, echo=job.echo, keep_output=job.keep_output) for job in jobs
+        ]
         self._merged = merge(
             [
                 _guide_named(
@@ -120,6 +122,8 @@ class Call:
                         request_id=f"{fmt.id}-{job.index}",
                         extra=job.penalties,
                         top_logprobs=top_logprobs,
+                        # echo with logprobs: the model scores the prompt too
+                        prompt_logprobs=logprobs and job.echo is not None,
                     ),
                     job.guide_param,
                 )

@@ -62,6 +62,9 @@ class Piece:
     logprobs: tuple[float, ...] = ()
     # beside each log-prob when alternatives were asked for: (token id, log-prob), most likely first
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    # when the prompt was scored (the first response): prompt tokens 1.. and their alternatives
+    prompt_logprobs: tuple[float, ...] | None = None
+    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
     final: bool = False
     finish_reason: str | None = None
     stats: SpeculationStats | None = None
@@ -89,6 +92,19 @@ class _Cut(Exception):
 
 def _as_error(error: OpenAIError) -> SpecDecError:
     return SpecDecError(error.message)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a request asks the model to report beside its text."""
+
+    logprobs: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
+
+
+def _floats(value: np.ndarray | None) -> tuple[float, ...] | None:
+    return None if value is None else tuple(float(v) for v in value.reshape(-1))
 
 
 def _ints(value: np.ndarray | None) -> int | None:
@@ -248,10 +264,12 @@ class TritonGenerator:
         request_id: str,
         extra: Sequence[tuple[str, float]] = (),
         top_logprobs: int = 0,
+        prompt_logprobs: bool = False,
     ) -> AsyncIterator[Piece]:
         """The request's pieces up to the final one, resumed after every cut when ``resume`` is on;
         raises ``OpenAIError`` on any failure. ``extra``: FP32 inputs beside the request's own
-        (penalties); ``top_logprobs``: alternatives beside each log-prob (with ``logprobs``)."""
+        (penalties); ``top_logprobs``: alternatives beside each log-prob (with ``logprobs``);
+        ``prompt_logprobs``: the prompt's too, on the first piece (completions' echo)."""
         state = StreamResume(request)
         resuming_since: float | None = None
         waits = pauses()
@@ -260,7 +278,8 @@ class TritonGenerator:
         untried = order[1:]  # replicas a first contact that failed may still try, in order
         other_models: set[int] = set()  # replicas that refused to continue: another model
         while True:
-            attempt = self._attempt(state.request(), logprobs, request_id, extra, on, top_logprobs)
+            asked = Asked(logprobs, top_logprobs, prompt_logprobs)
+            attempt = self._attempt(state.request(), asked, request_id, extra, on)
             try:
                 async for piece in attempt:
                     try:
@@ -347,11 +366,10 @@ class TritonGenerator:
     async def _attempt(
         self,
         request: GenerationRequest,
-        logprobs: bool,
+        asked: Asked,
         request_id: str,
         extra: Sequence[tuple[str, float]],
         replica: int = 0,
-        top_logprobs: int = 0,
     ) -> AsyncIterator[Piece]:
         """One Triton request's pieces from ``replica``; a failure that says the server cut the stream
         raises ``_Cut``."""
@@ -365,20 +383,25 @@ class TritonGenerator:
                 "cache_salt: this server's model does not isolate its KV cache by salt",
                 param="cache_salt",
             )
+        logprobs = asked.logprobs
+        if asked.prompt_logprobs:
+            if "return_prompt_log_probs" not in declared:
+                raise OpenAIError(501, "echo: this server's model does not score prompts", param="echo")
+            inputs.append(scalar_input("return_prompt_log_probs", True))
         if logprobs:
             if "return_log_probs" not in declared:
                 raise OpenAIError(
                     501, "logprobs: this server's model does not return log-probs", param="logprobs"
                 )
             inputs.append(scalar_input("return_log_probs", True))
-        if top_logprobs:
+        if asked.top_logprobs:
             if "top_log_probs" not in declared:
                 raise OpenAIError(
                     501,
                     "top_logprobs: this server's model does not return alternatives to each token",
                     param="top_logprobs",
                 )
-            inputs.append(int_input("top_log_probs", top_logprobs))
+            inputs.append(int_input("top_log_probs", asked.top_logprobs))
         if "return_num_input_tokens" in declared:
             inputs.append(scalar_input("return_num_input_tokens", True))
         if self.tokenizer_sha256 and TOKENIZER_INPUT in declared:
@@ -427,6 +450,10 @@ class TritonGenerator:
                     logprobs=() if values is None else tuple(float(v) for v in values.reshape(-1)),
                     top_logprobs=_alternatives(
                         outputs.get("output_top_token_ids"), outputs.get("output_top_log_probs")
+                    ),
+                    prompt_logprobs=_floats(outputs.get("prompt_log_probs")),
+                    prompt_top_logprobs=_alternatives(
+                        outputs.get("prompt_top_token_ids"), outputs.get("prompt_top_log_probs")
                     ),
                     final=final,
                     finish_reason=chunk.finish_reason,
