@@ -11,6 +11,7 @@ from trispec.logits_rules import top_log_probs_of
 from trispec.request import GenerationRequest
 from trispec.sampling_params import SamplingParams
 from trispec.scheduler import RequestOutput
+from trispec.sequence import Sequence
 from trispec.step import PromptLogProbs
 
 # long enough for several prefill chunks of 16 and a few full KV blocks of 8
@@ -58,3 +59,15 @@ def test_a_cached_prompt_is_computed_again_for_its_log_probs() -> None:
     assert outputs[-1].cached_tokens == 0 and len(got.log_probs) == len(PROMPT) - 1
     fresh, _ = scores(spec_engine(tiny_engine(0), None, max_context=256))
     assert got == fresh and rid != again
+
+
+def test_a_prompt_scored_again_in_other_chunks_is_kept_once() -> None:
+    """After a preemption the prompt is recomputed, maybe cut into other chunks: each token's score is
+    kept once, in order, whatever overlaps what was kept."""
+    seq = Sequence(0, PROMPT[:8], 4, 0, SamplingParams(prompt_log_probs=True), text=None)  # type: ignore[arg-type]
+    seq.take_prompt_scores(PromptLogProbs(1, [-1.0, -2.0, -3.0]))  # tokens 1-3
+    seq.take_prompt_scores(PromptLogProbs(1, [-1.0, -2.0]))  # recomputed: nothing new
+    seq.take_prompt_scores(PromptLogProbs(3, [-3.0, -4.0, -5.0]))  # overlaps: 4 and 5 are new
+    seq.take_prompt_scores(PromptLogProbs(7, [-7.0]))  # a gap: not kept
+    seq.take_prompt_scores(PromptLogProbs(6, [-6.0, -7.0]))
+    assert seq.prompt_log_probs == [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0]

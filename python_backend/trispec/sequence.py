@@ -59,13 +59,14 @@ class Sequence:
     prompt_top_log_probs: list[TokenAlternatives] = field(default_factory=list)
 
     def take_prompt_scores(self, scores: PromptLogProbs) -> None:
-        """Keep what a step scored of the prompt, in order; a recompute after preemption scores the
-        same tokens again: those are kept once."""
-        if scores.first != len(self.prompt_log_probs) + 1:
+        """Keep what a step scored of the prompt, in order; a recompute after preemption scores
+        tokens again, maybe in other chunks: each is kept once."""
+        skip = len(self.prompt_log_probs) + 1 - scores.first
+        if not 0 <= skip < len(scores.log_probs):
             return
-        self.prompt_log_probs.extend(scores.log_probs)
+        self.prompt_log_probs.extend(scores.log_probs[skip:])
         if scores.top is not None:
-            self.prompt_top_log_probs.extend(scores.top)
+            self.prompt_top_log_probs.extend(scores.top[skip:])
 
     @property
     def token_ids(self) -> list[int]:
