@@ -136,6 +136,18 @@ def test_values_that_cannot_be_carried_fail_naming_the_field(fields: dict[str, A
     assert info.value.status == "INVALID_ARGUMENT"
 
 
+def test_a_prompt_of_token_ids_is_sent_as_input_ids() -> None:
+    request = GenerationRequest("", prompt_token_ids=[5, 6, 7], max_tokens=2)
+    tensors = {t.name: t for t in request.tensors()}
+    assert "text_input" not in tensors and tensors["input_ids"].datatype == "INT32"
+    assert tensors["input_ids"].array.tolist() == [[5, 6, 7]] and request.routing_key == "5 6 7"
+    assert request.json_body()["input_ids"] == [5, 6, 7]
+    bads = ({"prompt_token_ids": []}, {"prompt_token_ids": [-1]}, {"prompt_token_ids": [1], "prompt": "x"})
+    for bad in bads:
+        with pytest.raises(InvalidRequestError, match="input_ids"):
+            GenerationRequest(**{"prompt": "", **bad})  # type: ignore[arg-type]
+
+
 def test_a_bare_stop_string_is_one_word_not_characters() -> None:
     assert GenerationRequest("hi", stop_words="END").stop_words == ("END",)  # type: ignore[arg-type]
 

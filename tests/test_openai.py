@@ -501,3 +501,23 @@ def test_echo_scores_the_prompt_as_lm_eval_asks(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0)
     assert "echo" in refused.value.message
+
+
+@pytest.mark.server
+def test_a_prompt_of_token_ids_is_the_same_prompt(
+    client: openai.OpenAI, served_tokenizer: ServedTokenizer
+) -> None:
+    """lm-eval's default (tokenized_requests): token-id prompts, scored and answered as their text is."""
+    ids = served_tokenizer.tokenizer.encode(PROMPT)
+    by_text = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, logprobs=1, echo=True)
+    by_ids = client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=1, logprobs=1, echo=True)
+    assert (
+        len(by_ids.choices) == 2 and by_ids.usage is not None and by_ids.usage.prompt_tokens == 2 * len(ids)
+    )
+    for choice in by_ids.choices:
+        assert choice.text == by_text.choices[0].text
+        assert choice.logprobs is not None and by_text.choices[0].logprobs is not None
+        assert choice.logprobs.token_logprobs == by_text.choices[0].logprobs.token_logprobs
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt=[10**6], max_tokens=1)
+    assert refused.value.body is not None and "input_ids" in refused.value.message

@@ -71,7 +71,13 @@ def test_requests_map_to_triton_inputs() -> None:
     assert request.stream and request.max_tokens == 5 and request.num_draft_tokens == 3
     # the model reads each stop_words entry as a CSV row: every stop string must come back whole
     assert [w for s in request.stop_words for row in csv.reader([s]) for w in row] == ["x,y", "\n"]
-    assert mapped[0].penalties == () and request.logit_bias is None
+    assert mapped[0].penalties == () and request.logit_bias is None and request.prompt_token_ids is None
+    # token-id prompts: one (a list of ids) or several (a list of lists)
+    one = CompletionRequest(model=MODEL, prompt=[5, 6, 7])
+    assert one.prompts == [[5, 6, 7]]
+    tokenized = jobs(one, one.prompts)[0].request
+    assert tokenized.prompt == "" and tokenized.prompt_token_ids == (5, 6, 7)
+    assert CompletionRequest(model=MODEL, prompt=[[5], [6, 7]]).prompts == [[5], [6, 7]]
     biased = CompletionRequest(model=MODEL, prompt="a", logit_bias={"50256": -100, "11": 3.5})
     assert jobs(biased, biased.prompts)[0].request.logit_bias == {50256: -100.0, 11: 3.5}
     chat = ChatCompletionRequest(
@@ -88,7 +94,10 @@ def test_requests_map_to_triton_inputs() -> None:
         ({"prompt": "x", "logit_bias": {"a": 5}}, "logit_bias"),
         ({"prompt": "x", "logit_bias": {"1": 101}}, "logit_bias"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
-        ({"prompt": [1, 2]}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [[1, 2], []]}, "prompt"),
+        ({"prompt": [-1]}, "prompt"),
+        ({"prompt": [True]}, "prompt"),
         ({"prompt": ["a", "b"], "n": 9}, "n"),
     ],
 )

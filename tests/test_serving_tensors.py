@@ -192,7 +192,8 @@ def test_every_bls_tensor_is_declared_as_there() -> None:
     """NVIDIA's clients never meet "unexpected inference input/output": same names, types and dims."""
     names = [s.name for s in INPUTS]
     assert len(names) == len(set(names)) and len({s.name for s in OUTPUTS}) == len(OUTPUTS)
-    assert [s.name for s in INPUTS if not s.optional] == ["text_input"]
+    # every input is optional to Triton: text_input or input_ids, the parser checks which
+    assert [s.name for s in INPUTS if not s.optional] == []
     inputs = {s.name: (s.triton_type, s.dims) for s in INPUTS}
     outputs = {s.name: (s.triton_type, s.dims) for s in OUTPUTS}
     assert {name: inputs.get(name) for name in BLS_INPUTS} == BLS_INPUTS
@@ -297,6 +298,25 @@ def test_docs_tensor_table_lists_every_tensor_with_its_status() -> None:
                 rows[name] = cells[2]
     expected = {s.name: s.status for s in (*INPUTS, *OUTPUTS)}
     assert rows == expected
+
+
+def test_a_prompt_comes_as_text_or_as_token_ids() -> None:
+    ids = parse(input_ids=np.array([[5, 6, 7]], dtype=np.int32)).generation
+    assert list(ids.prompt_token_ids or []) == [5, 6, 7] and ids.prompt == ""
+    # BLS clients often send an empty text_input beside it
+    beside = parse(text_input="", input_ids=np.array([[5]], dtype=np.int32)).generation
+    assert list(beside.prompt_token_ids or []) == [5]
+    assert parse(text_input="hi").generation.prompt_token_ids is None
+    for values, message in (
+        ({"text_input": "hi", "input_ids": np.array([[5]])}, "not both"),
+        ({"input_ids": np.zeros((1, 0), dtype=np.int32)}, "must not be empty"),
+        ({}, "is required"),
+    ):
+        with pytest.raises(InvalidInputError, match=message):
+            parse(**values)
+    assert as_tensor_error(InvalidInputError("prompt_token_ids", "x")).field == "input_ids"
+    rows = parse_batch(tensors(input_ids=np.array([[5, 6], [7, 8]], dtype=np.int32)).get, DEFAULTS)
+    assert [list(r.generation.prompt_token_ids or []) for r in rows] == [[5, 6], [7, 8]]
 
 
 def test_a_cache_salt_is_read_and_required_where_the_server_says() -> None:

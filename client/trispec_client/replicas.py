@@ -59,7 +59,7 @@ class Replicas:
 
     def order(self, request: GenerationRequest) -> list[int]:
         """Where a new request goes first, then where it fails over to (``routing.py``)."""
-        return self.router.order(request.prompt, request.cache_salt)
+        return self.router.order(request.routing_key, request.cache_salt)
 
     def resume_order(self, cut_on: int) -> list[int]:
         """Where to look for a ready replica after a cut on ``cut_on``: the others first, then it."""

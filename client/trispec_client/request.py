@@ -33,7 +33,7 @@ _SCALAR_TYPES: dict[str, str] = {
     "skip_output_tokens": "INT32",
 }
 # name -> Triton datatype of the optional list inputs sent pairwise (logit_bias)
-_LIST_TYPES: dict[str, str] = {"logit_bias_ids": "INT32", "logit_bias_values": "FP32"}
+_LIST_TYPES: dict[str, str] = {"input_ids": "INT32", "logit_bias_ids": "INT32", "logit_bias_values": "FP32"}
 _NUMPY_TYPES = {
     "INT32": np.int32,
     "FP32": np.float32,
@@ -81,6 +81,8 @@ class GenerationRequest:
     cache_salt: str | None = None
     # token id -> bias added to its logit (OpenAI's logit_bias), sent as logit_bias_ids / _values
     logit_bias: Mapping[int, float] | None = None
+    # the prompt as token ids of the served tokenizer (input_ids), instead of ``prompt`` (then "")
+    prompt_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -104,6 +106,13 @@ class GenerationRequest:
                 raise InvalidRequestError(f"{name}: must be a string, got {type(value).__name__}")
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise InvalidRequestError(f"cache_salt: must be a non-empty string, got {self.cache_salt!r}")
+        if self.prompt_token_ids is not None:
+            ids = tuple(self.prompt_token_ids)
+            if not ids or self.prompt:
+                raise InvalidRequestError("input_ids: give a non-empty list of token ids and an empty prompt")
+            for token in ids:
+                _check_int("input_ids", token, (0, _INT32[1]))
+            object.__setattr__(self, "prompt_token_ids", ids)
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, Mapping):
                 raise InvalidRequestError("logit_bias: must map token ids to biases")
@@ -111,9 +120,16 @@ class GenerationRequest:
                 _check_int("logit_bias", token, _INT32)
                 _check_float("logit_bias", bias)
 
+    @property
+    def routing_key(self) -> str:
+        """What prefix-affinity routing hashes: the prompt, or its token ids spelled out."""
+        ids = self.prompt_token_ids
+        return self.prompt if ids is None else " ".join(map(str, ids))
+
     def sent_values(self) -> dict[str, Any]:
         """The inputs to send, by Triton input name: plain Python values, lists for word lists."""
-        values: dict[str, Any] = {"text_input": self.prompt}
+        ids = self.prompt_token_ids
+        values: dict[str, Any] = {"text_input": self.prompt} if ids is None else {"input_ids": list(ids)}
         for name in _SCALAR_TYPES:
             value = getattr(self, name)
             if value is not None:

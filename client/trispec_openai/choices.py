@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,8 +58,9 @@ class Choice:
     seed: int | None = None
     # prompt tokens the server's prefix cache held (from the final response)
     cached_tokens: int | None = None
-    # completions' echo: this prompt goes before the answer (with its tokens' log-probs when scored)
-    echo: str | None = None
+    # completions' echo: this prompt (text or token ids) goes before the answer (with its tokens'
+    # log-probs when scored)
+    echo: str | list[int] | None = None
     # False for max_tokens 0 with echo: the one token the model had to generate is not part of it
     keep_output: bool = True
 
@@ -96,15 +98,18 @@ class Choice:
             new_seed,
         )
 
-    def _echo(self, prompt: str, piece: Piece, tokenizer: ServedTokenizer) -> None:
+    def _echo(self, prompt: str | list[int], piece: Piece, tokenizer: ServedTokenizer) -> None:
         """The prompt before the answer; scored (echo with logprobs), its tokens too. The model scores
-        every prompt token but the first; a BOS the tokenizer adds is that first one, and has no
-        text, so then every token of the text has a log-prob, else the first is None."""
-        self.text = prompt
+        every prompt token but the first; a BOS the tokenizer adds to a text prompt is that first one,
+        and has no text, so then every token of the text has a log-prob, else the first is None."""
+        if isinstance(prompt, str):
+            text, count = prompt, len(tokenizer.tokenizer.encode(prompt, add_bos=False))
+        else:  # token ids: exactly the prompt the model scored
+            text, count = tokenizer.tokenizer.decode(prompt, skip_special_tokens=False), len(prompt)
+        self.text = text
         if piece.prompt_logprobs is None:
             return
-        count = len(tokenizer.tokenizer.encode(prompt, add_bos=False))
-        tokens = tokenizer.split(prompt, count)
+        tokens = tokenizer.split(text, count)
         scored = list(piece.prompt_logprobs)[-count:] if count else []
         unscored = count - len(scored)
         self.tokens = tokens
@@ -118,12 +123,18 @@ class Choice:
             self.top = [None] * unscored + rows[len(rows) - len(scored) :]
 
 
+def _count(prompt: str | list[int], tokenizer: ServedTokenizer) -> int:
+    return tokenizer.count(prompt) if isinstance(prompt, str) else len(prompt)
+
+
 def _named(tokenizer: ServedTokenizer, row: tuple[tuple[int, float], ...]) -> tuple[Alternative, ...]:
     """(token id, log-prob) pairs -> alternatives named by their tokens."""
     return tuple(Alternative(tokenizer.token_string(i), lp, tuple(tokenizer.token_bytes(i))) for i, lp in row)
 
 
-def usage(choices: list[Choice], prompts: list[str], tokenizer: ServedTokenizer) -> dict[str, Any]:
+def usage(
+    choices: list[Choice], prompts: Sequence[str | list[int]], tokenizer: ServedTokenizer
+) -> dict[str, Any]:
     """Prompt tokens count each prompt once (however many choices it has), as OpenAI does; the model's
     own count is used where it sent one, else the same tokenizer counts here. ``cached_tokens``: of a
     prompt's tokens, the most any of its choices found in the prefix cache (sibling choices are sent
@@ -132,7 +143,7 @@ def usage(choices: list[Choice], prompts: list[str], tokenizer: ServedTokenizer)
     for prompt_index, prompt in enumerate(prompts):
         mine = [c for c in choices if c.prompt_index == prompt_index]
         counted = [c.prompt_tokens for c in mine if c.prompt_tokens]
-        prompt_tokens += counted[0] if counted else tokenizer.count(prompt)
+        prompt_tokens += counted[0] if counted else _count(prompt, tokenizer)
         cached_tokens += max((c.cached_tokens or 0 for c in mine), default=0)
     completion_tokens = sum(c.token_count for c in choices)
     stats = [c.stats for c in choices if c.stats is not None]

@@ -16,6 +16,7 @@ import grpc
 # tensor (and trispec_client field) names → the OpenAI request field a client sent
 _PARAM_OF_TENSOR = {
     "text_input": "prompt",
+    "input_ids": "prompt",
     "stop_words": "stop",
     "random_seed": "seed",
     "max_tokens": "max_tokens",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from trispec_client.errors import InvalidRequestError
@@ -27,8 +28,8 @@ class Job:
     penalties: tuple[tuple[str, float], ...] = ()
     # the OpenAI field a guided request's guide came from, named when the model refuses the guide
     guide_param: str = "response_format"
-    # completions' echo: the prompt, put before the answer
-    echo: str | None = None
+    # completions' echo: the prompt (text or token ids), put before the answer
+    echo: str | list[int] | None = None
     # False for max_tokens 0 (with echo): the one token generated is dropped, only the prompt is scored
     keep_output: bool = True
 
@@ -42,7 +43,9 @@ def stop_word(stop: str) -> str:
 
 
 def jobs(
-    body: CompletionRequest | ChatCompletionRequest, prompts: list[str], structure: Structure | None = None
+    body: CompletionRequest | ChatCompletionRequest,
+    prompts: Sequence[str | list[int]],
+    structure: Structure | None = None,
 ) -> list[Job]:
     """The Triton requests for ``prompts`` (the rendered chat, or the completion prompts), guided as
     ``structure`` says (response_format, tools)."""
@@ -61,8 +64,10 @@ def jobs(
     for prompt_index, prompt in enumerate(prompts):
         for i in range(body.n):
             try:
+                text, ids = (prompt, None) if isinstance(prompt, str) else ("", tuple(prompt))
                 request = GenerationRequest(
-                    prompt=prompt,
+                    prompt=text,
+                    prompt_token_ids=ids,
                     max_tokens=max_tokens if keep_output else 1,
                     num_draft_tokens=body.num_draft_tokens,
                     temperature=body.temperature,

@@ -74,7 +74,7 @@ class _Sampling(_Body):
 
 
 class CompletionRequest(_Sampling):
-    # list[Any]: token-id prompts reach our check, which says why they are refused
+    # text, token ids (one prompt), or a list of either; list[Any]: our check names what is wrong
     prompt: str | list[Any]
     # 0 only with echo: the prompt scored, nothing generated
     max_tokens: int | None = Field(None, ge=0)
@@ -88,9 +88,10 @@ class CompletionRequest(_Sampling):
     @model_validator(mode="after")
     def _check(self) -> CompletionRequest:
         prompts = self.prompts
-        if not prompts or any(not isinstance(p, str) or not p for p in prompts):
-            raise unsupported(
-                "prompt", "must be a non-empty string or a list of them (token ids are not taken)"
+        if not prompts or not all(_is_prompt(p) for p in prompts):
+            raise invalid(
+                "prompt: must be a non-empty string, a non-empty list of token ids, or a list of either",
+                "prompt",
             )
         if len(prompts) * self.n > MAX_CHOICES:
             raise unsupported("n", f"prompts x n is {len(prompts) * self.n}, over {MAX_CHOICES}")
@@ -103,8 +104,22 @@ class CompletionRequest(_Sampling):
         return self
 
     @property
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        """One prompt per entry: text, or the token ids of the served tokenizer."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and all(_is_token(t) for t in prompt)):
+            return [prompt]
+        return list(prompt)
+
+
+def _is_token(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+
+
+def _is_prompt(value: object) -> bool:
+    if isinstance(value, str):
+        return bool(value)
+    return isinstance(value, list) and bool(value) and all(_is_token(t) for t in value)
 
 
 class TextPart(_Body):

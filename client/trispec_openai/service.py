@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -100,7 +100,7 @@ class Call:
         tokenizer: ServedTokenizer,
         fmt: CompletionFormat,
         jobs: list[Job],
-        prompts: list[str],
+        prompts: Sequence[str | list[int]],
         *,
         logprobs: bool,
         top_logprobs: int = 0,

@@ -273,7 +273,7 @@ class TritonGenerator:
         state = StreamResume(request)
         resuming_since: float | None = None
         waits = pauses()
-        order = self.router.order(request.prompt, request.cache_salt)
+        order = self.router.order(request.routing_key, request.cache_salt)
         on = order[0]  # the replica the current attempt goes to
         untried = order[1:]  # replicas a first contact that failed may still try, in order
         other_models: set[int] = set()  # replicas that refused to continue: another model

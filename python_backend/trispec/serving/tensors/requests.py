@@ -23,7 +23,12 @@ MAX_RETURN_SEQUENCES = 16
 
 # the core's field names where they differ from the tensor a client sent
 # (the core checks logit_bias' ids against the vocabulary; its values are checked here)
-_TENSOR_OF_FIELD = {"prompt": "text_input", "stop": "stop_words", "logit_bias": "logit_bias_ids"}
+_TENSOR_OF_FIELD = {
+    "prompt": "text_input",
+    "prompt_token_ids": "input_ids",
+    "stop": "stop_words",
+    "logit_bias": "logit_bias_ids",
+}
 
 
 def as_tensor_error(error: InvalidInputError) -> InvalidInputError:
@@ -146,6 +151,21 @@ def _embedding_bias(get: GetInput) -> tuple[tuple[str, float], ...]:
     return tuple((w, weight) for w, weight in words if w)
 
 
+def _token_ids(get: GetInput) -> list[int] | None:
+    """``input_ids`` (the prompt as token ids, TensorRT-LLM's tensorrt_llm model's input), or None.
+    A ``text_input`` beside it must be empty: one prompt, not two."""
+    array = get("input_ids")
+    if array is None:
+        return None
+    text = get("text_input")
+    if text is not None and any(_text("text_input", v) for v in text.reshape(-1)):
+        raise InvalidInputError("input_ids", "send text_input or input_ids, not both")
+    ids = array.reshape(-1)
+    if ids.size == 0:
+        raise InvalidInputError("input_ids", "must not be empty")
+    return [int(t) for t in ids.tolist()]
+
+
 def _alias(get: GetInput, name: str, alias: str) -> int | None:
     """An input that also has an older BLS name: either may be sent, both only if equal."""
     value, old = _int(get, name), _int(get, alias)
@@ -203,9 +223,10 @@ def parse_inputs(
     request without a ``cache_salt`` (serving.require_cache_salt). ``tokenizer_sha256``: this model's
     tokenizer (``Tokenizer.sha256``); a request from a client of another (``expected_tokenizer_sha256``)
     is refused."""
-    prompt_value = _one(get, "text_input")
-    if prompt_value is None:
-        raise InvalidInputError("text_input", "is required")
+    token_ids = _token_ids(get)
+    prompt_value = _one(get, "text_input") if token_ids is None else None
+    if prompt_value is None and token_ids is None:
+        raise InvalidInputError("text_input", "is required (or input_ids: the prompt's token ids)")
     if max_prompt_bytes is not None and isinstance(prompt_value, bytes | np.bytes_):
         size = len(prompt_value)
         if size > max_prompt_bytes:
@@ -217,8 +238,8 @@ def parse_inputs(
     _check_refused(get)
     _check_fingerprint(get, model_fingerprint)
     _check_tokenizer(get, tokenizer_sha256)
-    prompt = _text("text_input", prompt_value)
-    if not prompt:
+    prompt = "" if prompt_value is None else _text("text_input", prompt_value)
+    if not prompt and token_ids is None:
         raise InvalidInputError("text_input", "must not be empty")
     beam_width = _int(get, "beam_width")
     if beam_width is not None and beam_width != 1:
@@ -239,6 +260,7 @@ def parse_inputs(
 
     generation = GenerationRequest(
         prompt=prompt,
+        prompt_token_ids=token_ids,
         max_tokens=int(pick(_int(get, "max_tokens"), defaults.max_tokens)),
         num_draft_tokens=_int(get, "num_draft_tokens"),
         temperature=float(pick(_float(get, "temperature"), defaults.temperature)),
@@ -395,9 +417,11 @@ def parse_batch(
 ) -> list[ParsedRequest]:
     """A request's rows (Triton's batch dimension: NVIDIA's client sends several prompts as one
     request with ``--batch-inputs``), each parsed on its own; the list index is the ``batch_index``."""
-    prompts = get("text_input")
+    prompts = get("input_ids")
     if prompts is None:
-        raise InvalidInputError("text_input", "is required")
+        prompts = get("text_input")
+    if prompts is None:
+        raise InvalidInputError("text_input", "is required (or input_ids: the prompt's token ids)")
     rows = prompts.shape[0] if prompts.ndim > 1 else 1
 
     def row_of(row: int) -> GetInput:

@@ -30,7 +30,16 @@ _PTUNING = "prompt tuning (prompt embedding tables) is not served"
 _LOGITS = "logits are not returned: the speculative loop keeps them on the engine (use return_log_probs)"
 
 INPUTS: tuple[TensorSpec, ...] = (
-    TensorSpec("text_input", "TYPE_STRING", optional=False),
+    # required by the BLS model; here input_ids may come instead (config.pbtxt marks it optional)
+    TensorSpec("text_input", "TYPE_STRING"),
+    # ours (TensorRT-LLM's tensorrt_llm model's input): the prompt as token ids of the served tokenizer
+    TensorSpec(
+        "input_ids",
+        "TYPE_INT32",
+        (-1,),
+        status="extension",
+        why="the prompt as token ids, instead of text_input (the output then holds no prompt text)",
+    ),
     TensorSpec("decoder_text_input", "TYPE_STRING", status="refused", why="the models are decoder-only"),
     TensorSpec("image_input", "TYPE_FP16", (-1, 3, -1, -1), status="refused", why=_MULTIMODAL),
     TensorSpec("image_bytes_input", "TYPE_UINT8", (-1, -1, -1, -1), status="refused", why=_MULTIMODAL),
