@@ -73,10 +73,7 @@ class Choice:
             reason = "length" if piece.final else None
             piece = replace(piece, text="", token_count=0, logprobs=(), top_logprobs=(), finish_reason=reason)
         tokens = tokenizer.split(piece.text, len(piece.logprobs))
-        position = len(self.text)
-        for token in tokens:
-            self.offsets.append(position)
-            position += len(token)
+        self.offsets += _offsets(tokens, len(self.text))
         self.text += piece.text
         self.tokens += tokens
         self.logprobs += piece.logprobs
@@ -114,13 +111,19 @@ class Choice:
         unscored = count - len(scored)
         self.tokens = tokens
         self.logprobs = [None] * unscored + scored
-        position = 0
-        for token in tokens:
-            self.offsets.append(position)
-            position += len(token)
+        self.offsets = _offsets(tokens, 0)
         if piece.prompt_top_logprobs:
             rows = [_named(tokenizer, row) for row in piece.prompt_top_logprobs]
             self.top = [None] * unscored + rows[len(rows) - len(scored) :]
+
+
+def _offsets(tokens: list[str], start: int) -> list[int]:
+    """Each token's character offset, the first at ``start``."""
+    offsets = []
+    for token in tokens:
+        offsets.append(start)
+        start += len(token)
+    return offsets
 
 
 def _count(prompt: str | list[int], tokenizer: ServedTokenizer) -> int:
