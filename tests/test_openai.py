@@ -521,3 +521,22 @@ def test_a_prompt_of_token_ids_is_the_same_prompt(
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model=MODEL, prompt=[10**6], max_tokens=1)
     assert refused.value.body is not None and "input_ids" in refused.value.message
+
+
+@pytest.mark.server
+def test_vllm_tokenizer_routes_are_served(frontend: str, served_tokenizer: ServedTokenizer) -> None:
+    def post(path: str, body: dict) -> dict:
+        request = urllib.request.Request(
+            f"{frontend}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.load(response)
+
+    ids = post("/tokenize", {"model": MODEL, "prompt": PROMPT, "add_special_tokens": False})["tokens"]
+    assert ids == served_tokenizer.tokenizer.encode(PROMPT, add_bos=False)
+    assert post("/detokenize", {"tokens": ids}) == {"prompt": PROMPT}
+    with urllib.request.urlopen(f"{frontend}/tokenizer_info", timeout=30) as response:
+        assert json.load(response)["eos_token"]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post("/tokenize", {"model": "gpt-4", "prompt": "x"})
+    assert refused.value.code == 404

@@ -15,7 +15,13 @@ from trispec_openai.choices import Choice, usage
 from trispec_openai.errors import OpenAIError, from_model_message
 from trispec_openai.formats import ChatFormat, CompletionFormat
 from trispec_openai.mapping import jobs
-from trispec_openai.schemas import ChatCompletionRequest, CompletionRequest
+from trispec_openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from trispec_openai.tokenizer_routes import detokenize, tokenize, tokenizer_info
 from trispec_openai.tokens import ServedTokenizer
 from trispec_openai.triton import Piece, _alternatives
 
@@ -210,3 +216,22 @@ def test_alternatives_are_named_by_their_tokens_bytes(served_tokenizer: ServedTo
     # logprobs 0: log-probs without alternatives, as before
     plain = CompletionFormat(MODEL, True).response([choice], {})["choices"][0]["logprobs"]
     assert plain["top_logprobs"] is None and plain["token_logprobs"] == [-0.25, -0.5]
+
+
+@pytest.mark.real_model
+def test_vllm_tokenizer_routes_answer_from_the_served_tokenizer(served_tokenizer: ServedTokenizer) -> None:
+    ids = served_tokenizer.tokenizer.encode(PROMPT)
+    answer = tokenize(TokenizeRequest(prompt=PROMPT, return_token_strs=True), served_tokenizer)
+    assert answer["tokens"] == ids and answer["count"] == len(ids)
+    assert "".join(answer["token_strs"]) == PROMPT
+    chat = tokenize(TokenizeRequest(messages=MESSAGES), served_tokenizer)["tokens"]
+    rendered = served_tokenizer.chat_template.render(MESSAGES)
+    assert chat == served_tokenizer.tokenizer.encode(rendered, add_bos=False)
+    assert detokenize(DetokenizeRequest(tokens=ids), served_tokenizer) == {"prompt": PROMPT}
+    info = tokenizer_info(served_tokenizer)
+    assert info["eos_token"] == "<|im_end|>" and "im_start" in info["chat_template"]
+    for bad in ({}, {"prompt": "x", "messages": MESSAGES}):
+        with pytest.raises(OpenAIError):
+            TokenizeRequest.model_validate(bad)
+    with pytest.raises(OpenAIError, match="not a token id"):
+        detokenize(DetokenizeRequest(tokens=[10**7]), served_tokenizer)

@@ -1,4 +1,5 @@
 """The OpenAI-compatible routes (FastAPI): ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
+vLLM's ``/tokenize``, ``/detokenize`` and ``/tokenizer_info`` (trispec_openai.tokenizer_routes),
 ``/health`` (200 while some Triton replica says the model is ready, else 503: for load balancers; the
 body lists each replica, its readiness and the model fingerprint it last named) and ``/metrics``
 (Prometheus text: ``specdec_resumed_streams_total``, the generations resumed after Triton cut them).
@@ -25,9 +26,15 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from trispec_openai.errors import OpenAIError, invalid
 from trispec_openai.formats import ChatFormat, CompletionFormat
 from trispec_openai.mapping import jobs
-from trispec_openai.schemas import ChatCompletionRequest, CompletionRequest
+from trispec_openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from trispec_openai.service import Call
 from trispec_openai.structured import structure_of
+from trispec_openai.tokenizer_routes import detokenize, tokenize, tokenizer_info
 from trispec_openai.tokens import ServedTokenizer
 from trispec_openai.triton import TritonGenerator
 
@@ -126,6 +133,26 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
     @app.get("/metrics")
     async def metrics() -> Response:
         return PlainTextResponse(metrics_text(generator), media_type="text/plain; version=0.0.4")
+
+    def check_named_model(name: str | None) -> None:
+        if name is not None:  # optional on vLLM's tokenizer routes
+            check_model(name)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request) -> dict[str, Any]:
+        body = await _parse(request, TokenizeRequest)
+        check_named_model(body.model)
+        return tokenize(body, tokenizer)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request) -> dict[str, Any]:
+        body = await _parse(request, DetokenizeRequest)
+        check_named_model(body.model)
+        return detokenize(body, tokenizer)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info_route() -> dict[str, Any]:
+        return tokenizer_info(tokenizer)
 
     @app.get("/health")
     async def health() -> Response:

@@ -168,3 +168,29 @@ class ChatCompletionRequest(_Sampling):
     def token_limit(self) -> int | None:
         # max_tokens is deprecated for chat in favour of max_completion_tokens; either is honoured
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# vLLM's tokenizer routes (trispec_openai.tokenizer_routes)
+class TokenizeRequest(_Body):
+    model: str | None = None
+    # one of the two: text, or chat messages rendered as /v1/chat/completions renders them
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    # default: True for a prompt (BOS where the model adds one), False for messages (the template has them)
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise invalid("give prompt or messages (one of them)", "prompt")
+        if self.messages is not None and not self.add_generation_prompt:
+            message = "add_generation_prompt: only true (the turn the model answers)"
+            raise invalid(message, "add_generation_prompt")
+        return self
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]

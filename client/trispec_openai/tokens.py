@@ -18,19 +18,22 @@ from trispec_openai.chat import ChatTemplate, NoChatTemplate
 
 
 class ServedTokenizer:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, max_context: int | None = None) -> None:
         self.tokenizer = tokenizer
+        # the served context in tokens where the YAML sets it (scheduler.max_context), else unknown here
+        self.max_context = max_context
         source = tokenizer.info.chat_template
         self.chat_template: ChatTemplate | NoChatTemplate = (
             NoChatTemplate()
             if source is None
-            else ChatTemplate(source, self._token_text(tokenizer.bos_id), self._token_text(tokenizer.eos_id))
+            else ChatTemplate(source, self.token_text(tokenizer.bos_id), self.token_text(tokenizer.eos_id))
         )
 
     @classmethod
     def from_config(cls, config_path: str | Path | None) -> ServedTokenizer:
         # the server tokenises with the target's tokenizer; a GGUF's is converted once into the cache
-        return cls(load_tokenizer(load_config(config_path).target, "target"))
+        config = load_config(config_path)
+        return cls(load_tokenizer(config.target, "target"), config.scheduler.max_context)
 
     @property
     def sha256(self) -> str:
@@ -87,5 +90,5 @@ class ServedTokenizer:
         tokenizer = self.tokenizer
         return llg_tokenizer(tokenizer.backend, tokenizer.eos_ids, tokenizer.vocab_size)
 
-    def _token_text(self, token_id: int | None) -> str:
+    def token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else (self.tokenizer.backend.id_to_token(token_id) or "")
