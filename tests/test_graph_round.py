@@ -225,6 +225,7 @@ def test_rounds_that_stay_eager() -> None:
     assert graphs.plan(one(sampling=SamplingParams(repetition_penalty=1.2)), False) is None
     # alternatives: a top-N of each row on the host
     assert graphs.plan(one(sampling=SamplingParams(return_log_probs=True, top_log_probs=2)), False) is None
+    assert graphs.plan(one(sampling=SamplingParams(prediction=(3, 4))), False) is None  # drafts on the host
     assert graphs.plan(one(feed_to=3), False) is None  # a prompt chunk: the runner feeds it first
     assert graphs.plan(one(num_computed=3), False) is None  # likewise a prompt tail
     beyond = [*steps[0].token_ids[:-1], drafter.engine.vocab_size]

@@ -540,3 +540,24 @@ def test_vllm_tokenizer_routes_are_served(frontend: str, served_tokenizer: Serve
     with pytest.raises(urllib.error.HTTPError) as refused:
         post("/tokenize", {"model": "gpt-4", "prompt": "x"})
     assert refused.value.code == 404
+
+
+@pytest.mark.server
+def test_a_prediction_is_drafted_from_and_counted(client: openai.OpenAI) -> None:
+    """OpenAI's Predicted Outputs: the same text, its drafts counted in completion_tokens_details."""
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0)
+    answer = plain.choices[0].message.content or ""
+    for prediction, accepting in ((answer, True), ("Zebras are striped.", False)):
+        predicted = client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            max_tokens=16,
+            temperature=0,
+            prediction={"type": "content", "content": prediction},
+        )
+        assert predicted.choices[0].message.content == answer
+        usage = predicted.usage
+        assert usage is not None and usage.completion_tokens_details is not None
+        accepted = usage.completion_tokens_details.accepted_prediction_tokens or 0
+        assert (accepted >= usage.completion_tokens // 2) == accepting, usage
+    assert plain.usage is not None and plain.usage.completion_tokens_details is None

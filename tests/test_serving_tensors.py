@@ -56,6 +56,7 @@ def test_every_field_is_read() -> None:
         return_log_probs=np.array([[True]]),
         top_log_probs=np.array([[4]], dtype=np.int32),
         return_prompt_log_probs=np.array([[True]]),
+        prediction="Hi there",
         logit_bias_ids=np.array([[5, 9, 5]], dtype=np.int32),
         logit_bias_values=np.array([[1.5, -100, 0.5]], dtype=np.float32),
         embedding_bias_words=np.array([[b"a,b", b""]], dtype=object),
@@ -77,7 +78,7 @@ def test_every_field_is_read() -> None:
     )
     g = parsed.generation
     assert (g.max_tokens, g.num_draft_tokens, g.top_k, g.end_id, g.min_tokens) == (7, 3, 5, -1, 4)
-    assert g.cache_salt == "tenant-7"
+    assert g.cache_salt == "tenant-7" and g.prediction == "Hi there"
     assert g.temperature == pytest.approx(0.7) and g.top_p == pytest.approx(0.9)
     assert g.repetition_penalty == pytest.approx(1.3)
     assert (g.presence_penalty, g.frequency_penalty) == (0.5, 0.25)

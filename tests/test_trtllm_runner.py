@@ -194,6 +194,7 @@ def test_speculative_llm_over_trtllm_engines_equals_the_torch_engine(
         ("bad_words", ["ab"]),
         ("min_tokens", 3),
         ("logit_bias", {3: 1.0}),
+        ("prediction", "abc"),
     ],
 )
 def test_logits_rules_are_refused_not_ignored(

@@ -83,6 +83,8 @@ class GenerationRequest:
     logit_bias: Mapping[int, float] | None = None
     # the prompt as token ids of the served tokenizer (input_ids), instead of ``prompt`` (then "")
     prompt_token_ids: tuple[int, ...] | None = None
+    # a predicted output (OpenAI's Predicted Outputs): the server drafts from it
+    prediction: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -100,7 +102,7 @@ class GenerationRequest:
         # frozen: normalise the word lists (any iterable of str) through object.__setattr__
         object.__setattr__(self, "stop_words", _check_words("stop_words", self.stop_words))
         object.__setattr__(self, "bad_words", _check_words("bad_words", self.bad_words))
-        for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
+        for name in ("guided_decoding_guide_type", "guided_decoding_guide", "prediction"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise InvalidRequestError(f"{name}: must be a string, got {type(value).__name__}")
@@ -138,7 +140,12 @@ class GenerationRequest:
             words = getattr(self, name)
             if words:
                 values[name] = list(words)
-        for name in ("expected_model_fingerprint", "guided_decoding_guide_type", "guided_decoding_guide"):
+        for name in (
+            "expected_model_fingerprint",
+            "guided_decoding_guide_type",
+            "guided_decoding_guide",
+            "prediction",
+        ):
             if getattr(self, name):
                 values[name] = getattr(self, name)
         if self.cache_salt is not None:

@@ -179,6 +179,7 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
             logprobs=logprobs,
             top_logprobs=body.logprobs or 0,
             include_usage=body.include_usage,
+            predicted=body.prediction is not None,
         )
         return await answer(call, body.stream, request)
 
@@ -200,6 +201,7 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
             logprobs=body.logprobs,
             top_logprobs=body.top_logprobs or 0,
             include_usage=body.include_usage,
+            predicted=body.prediction is not None,
         )
         return await answer(call, body.stream, request)
 

@@ -136,7 +136,10 @@ def _named(tokenizer: ServedTokenizer, row: tuple[tuple[int, float], ...]) -> tu
 
 
 def usage(
-    choices: list[Choice], prompts: Sequence[str | list[int]], tokenizer: ServedTokenizer
+    choices: list[Choice],
+    prompts: Sequence[str | list[int]],
+    tokenizer: ServedTokenizer,
+    predicted: bool = False,
 ) -> dict[str, Any]:
     """Prompt tokens count each prompt once (however many choices it has), as OpenAI does; the model's
     own count is used where it sent one, else the same tokenizer counts here. ``cached_tokens``: of a
@@ -154,7 +157,16 @@ def usage(
     accepted = sum(s.accepted_tokens for s in stats)
     rounds = sum(s.verify_rounds for s in stats)
     planned = sum(s.mean_num_draft_tokens * s.verify_rounds for s in stats)
+    details = {}
+    if predicted:  # a request with a prediction drafts from it alone: its drafts are prediction tokens
+        details = {
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": draft - accepted,
+            }
+        }
     return {
+        **details,
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,

@@ -31,6 +31,7 @@ _PARAM_OF_TENSOR = {
     "logit_bias_values": "logit_bias",
     "logit_bias": "logit_bias",
     "cache_salt": "cache_salt",
+    "prediction": "prediction",
 }
 _FIELD_PREFIX = re.compile(r"^\s*([a-z_]+):")
 _OVERLOADED = ("retry later", "shutting down")

@@ -80,6 +80,7 @@ def jobs(
                     guided_decoding_guide=structure.guide,
                     cache_salt=body.cache_salt,
                     logit_bias={int(t): b for t, b in body.logit_bias.items()} if body.logit_bias else None,
+                    prediction=body.prediction.text if body.prediction is not None else None,
                 )
             except InvalidRequestError as exc:  # a value the tensors cannot carry (an int over INT32)
                 raise invalid(exc.message, param_of(exc.message)) from None

@@ -27,6 +27,20 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(_Body):
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
 class _Sampling(_Body):
     """What completions and chat share."""
 
@@ -50,6 +64,8 @@ class _Sampling(_Body):
     top_k: int | None = Field(None, ge=0)
     # vLLM's name: the prefix cache shares KV blocks only among requests with the same salt
     cache_salt: str | None = Field(None, min_length=1, max_length=1024)
+    # Predicted Outputs: text the answer should repeat much of; the server drafts from it
+    prediction: Prediction | None = None
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> _Sampling:
@@ -120,11 +136,6 @@ def _is_prompt(value: object) -> bool:
     if isinstance(value, str):
         return bool(value)
     return isinstance(value, list) and bool(value) and all(_is_token(t) for t in value)
-
-
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
 
 
 class ChatMessage(BaseModel):

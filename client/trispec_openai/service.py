@@ -105,11 +105,13 @@ class Call:
         logprobs: bool,
         top_logprobs: int = 0,
         include_usage: bool = False,
+        predicted: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.prompts = prompts
         self.include_usage = include_usage
+        self.predicted = predicted
         self.choices = [
             Choice(job.index, job.prompt_index, echo=job.echo, keep_output=job.keep_output) for job in jobs
         ]
@@ -132,7 +134,7 @@ class Call:
         )
 
     def _usage(self) -> dict[str, Any]:
-        return usage(self.choices, self.prompts, self.tokenizer)
+        return usage(self.choices, self.prompts, self.tokenizer, self.predicted)
 
     async def whole(self, is_disconnected: Callable[[], Awaitable[bool]]) -> Response:
         """The whole answer; if the client goes away first (a client-side timeout), the Triton

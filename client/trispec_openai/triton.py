@@ -375,6 +375,8 @@ class TritonGenerator:
         raises ``_Cut``."""
         inputs = infer_inputs(request) + [scalar_input(name, value) for name, value in extra]
         declared = await self.model_inputs()
+        if request.prediction and "prediction" not in declared:
+            raise OpenAIError(501, "prediction: this server's model takes none", param="prediction")
         if request.logit_bias and "logit_bias_ids" not in declared:
             raise OpenAIError(501, "logit_bias: this server's model does not apply it", param="logit_bias")
         if request.cache_salt is not None and "cache_salt" not in declared:

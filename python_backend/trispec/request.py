@@ -46,6 +46,9 @@ class GenerationRequest:
     embedding_bias: Sequence[tuple[str, float]] = ()
     # end ids are not emitted before this many tokens
     min_tokens: int = 0
+    # OpenAI's predicted output: text the answer is expected to repeat much of; drafts are copied
+    # from it instead of the server's drafter (the target verifies them: the text is unchanged)
+    prediction: str = ""
     return_log_probs: bool = False
     # with return_log_probs: the this-many most likely tokens at each position too (up to 20)
     top_log_probs: int = 0
@@ -148,6 +151,8 @@ def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limi
     ):
         raise InvalidInputError("bad_words", "must be a list of non-empty strings")
     _check_logit_bias(request, limits.vocab_size)
+    if not isinstance(request.prediction, str):
+        raise InvalidInputError("prediction", "must be text")
     if request.guide is not None and not isinstance(request.guide, Guide):
         raise InvalidInputError("guided_decoding_guide", "must be a Guide")
     return k if k is not None else min(limits.default_num_draft_tokens, limits.max_num_draft_tokens)

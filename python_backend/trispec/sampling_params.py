@@ -61,6 +61,8 @@ class SamplingParams:
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     # (token id, bias) pairs added to the logits before the penalties, ids ascending, each once
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # the caller's predicted output, tokenised: drafts are copied from it (drafters/prediction.py)
+    prediction: tuple[int, ...] = ()
     min_tokens: int = 0
     end_ids: frozenset[int] = field(default_factory=frozenset)
     prompt_len: int = 0

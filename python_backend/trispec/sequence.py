@@ -93,8 +93,9 @@ class Sequence:
 
     @property
     def keeps_its_k(self) -> bool:
-        """Its output depends on its drafts (the rejection rule, seeded): adaptive k leaves it alone."""
-        return self.sampling.output_depends_on_drafts
+        """Adaptive k leaves it alone: its output depends on its drafts (the rejection rule, seeded),
+        or its drafts come from the caller's prediction (next to free: it drafts its own k)."""
+        return self.sampling.output_depends_on_drafts or bool(self.sampling.prediction)
 
     @property
     def finished(self) -> bool:

@@ -69,6 +69,8 @@ def qualifies(s: SeqStep, max_k: int) -> bool:
     sp = s.sampling
     if s.is_prompt_chunk or sp.shapes_logits or sp.samples_by_rejection or sp.guided or sp.top_log_probs:
         return False
+    if sp.prediction:  # drafts from the caller's prediction, on the host: eager
+        return False
     if not sp.greedy and sp.seed is None:  # the eager path says why
         return False
     return len(s.token_ids) - s.num_computed == 1 and s.num_draft_tokens <= max_k

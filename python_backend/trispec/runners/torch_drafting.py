@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from trispec.drafters.base import Drafter, DraftProposal, DraftRequest
+from trispec.drafters.prediction import PredictionDrafts
 from trispec.engine.kv_cache import blocks_for
 from trispec.guided.state import GrammarState
 from trispec.step import SeqStep
@@ -23,6 +24,7 @@ class DraftSide:
     """Mixed into ``TorchSpecRunner``, whose state it uses."""
 
     drafter: Drafter
+    predictions: PredictionDrafts
     drafting_off: bool
     _generators: dict[int, torch.Generator | None]
     _drafting: set[int]  # registered with the drafter
@@ -57,21 +59,21 @@ class DraftSide:
         drafting = [
             i for i, s in enumerate(decodes) if s.num_draft_tokens > len(forced[i]) and not self.drafting_off
         ]
+
+        def request(i: int) -> DraftRequest:
+            s = decodes[i]
+            k = s.num_draft_tokens - len(forced[i])
+            generator = self._generators[s.seq_id]
+            return DraftRequest(s.seq_id, s.token_ids, k, s.sampling, generator, tuple(forced[i]), guides[i])
+
+        # a request with a prediction drafts from it alone: no draft model, no room in its pool
+        for i in [i for i in drafting if decodes[i].sampling.prediction]:
+            proposals[i] = self.predictions.propose(request(i))
+        drafting = [i for i in drafting if not decodes[i].sampling.prediction]
         drafting = self._draft_room(decodes, drafting)
         if not drafting:
             return proposals, False
-        requests = [
-            DraftRequest(
-                decodes[i].seq_id,
-                decodes[i].token_ids,
-                decodes[i].num_draft_tokens - len(forced[i]),
-                decodes[i].sampling,
-                self._generators[decodes[i].seq_id],
-                prefix=tuple(forced[i]),
-                guide=guides[i],
-            )
-            for i in drafting
-        ]
+        requests = [request(i) for i in drafting]
         try:
             proposed = self.drafter.propose(requests)
         except Exception as exc:

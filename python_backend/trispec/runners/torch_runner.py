@@ -23,6 +23,7 @@ import torch
 from trispec.config import SpecDecConfig
 from trispec.drafters.base import Drafter
 from trispec.drafters.none import NoDrafter
+from trispec.drafters.prediction import PredictionDrafts
 from trispec.engine.base import Engine, ForwardInput
 from trispec.engine.kv_cache import blocks_for
 from trispec.runners.torch_drafting import MAX_DRAFT_FAILURES_IN_A_ROW, DraftSide
@@ -67,6 +68,8 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         # greedy rounds as CUDA graph replays (runners/graph_round.py); None: every round eager
         self.graphs = graphs
         self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
+        # requests with a predicted output draft from it instead (drafters/prediction.py)
+        self.predictions = PredictionDrafts(target.vocab_size)
         self._generators: dict[int, torch.Generator | None] = {}
         self._admitted: set[int] = set()  # in the target's KV now (not preempted)
         self._drafting: set[int] = set()  # registered with the drafter
@@ -162,6 +165,7 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         self._drop_grammar(seq_id)
 
     def _release(self, seq_id: int) -> None:
+        self.predictions.free(seq_id)
         if seq_id in self._admitted:  # a preempted sequence holds no KV
             self.target.free(seq_id)
             self._admitted.discard(seq_id)

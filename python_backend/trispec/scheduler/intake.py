@@ -147,6 +147,8 @@ class Intake:
             request.sampling,
             bad_words_ids=tuple(tuple(ids) for ids in map(self.encode_words, request.bad_words) if ids),
             logit_bias=self._logit_bias(request),
+            # a piece of text inside a sequence: no BOS
+            prediction=tuple(self.encode_words(request.prediction)) if request.prediction else (),
             end_ids=end_ids,
             prompt_len=len(prompt_ids),
             rule=self.runner.sampling_rule,
@@ -199,6 +201,7 @@ def _refuse_logits_rules(sampling: SamplingParams) -> None:
     defaults = SamplingParams()
     for name, field_name in (
         ("logit_bias", "logit_bias"),
+        ("prediction", "prediction"),
         ("bad_words_ids", "bad_words"),
         ("repetition_penalty", "repetition_penalty"),
         ("presence_penalty", "presence_penalty"),

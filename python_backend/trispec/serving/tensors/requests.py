@@ -151,6 +151,11 @@ def _embedding_bias(get: GetInput) -> tuple[tuple[str, float], ...]:
     return tuple((w, weight) for w, weight in words if w)
 
 
+def _optional_text(get: GetInput, name: str) -> str:
+    value = _one(get, name)
+    return "" if value is None else _text(name, value)
+
+
 def _token_ids(get: GetInput) -> list[int] | None:
     """``input_ids`` (the prompt as token ids, TensorRT-LLM's tensorrt_llm model's input), or None.
     A ``text_input`` beside it must be empty: one prompt, not two."""
@@ -276,6 +281,7 @@ def parse_inputs(
         frequency_penalty=float(pick(_float(get, "frequency_penalty"), 0.0)),
         min_tokens=int(pick(min_tokens, 0)),
         logit_bias=_logit_bias(get),
+        prediction=_optional_text(get, "prediction"),
         embedding_bias=_embedding_bias(get),
         return_log_probs=_bool(get, "return_log_probs"),
         top_log_probs=int(pick(_int(get, "top_log_probs"), 0)),

@@ -102,6 +102,13 @@ INPUTS: tuple[TensorSpec, ...] = (
     ),
     TensorSpec("logit_bias_values", "TYPE_FP32", (-1,), status="extension"),
     TensorSpec("num_draft_tokens", "TYPE_INT32"),
+    # ours (OpenAI's Predicted Outputs): text the answer should repeat much of; drafts are copied from it
+    TensorSpec(
+        "prediction",
+        "TYPE_STRING",
+        status="extension",
+        why="a predicted output: drafts copied from it instead of the drafter's, each verified as any draft",
+    ),
     # acceptance follows speculation.sampling_rule here (coupled: equality with the target's token;
     # rejection: the draft's probabilities); outputs follow the target
     # either way, as in TensorRT-LLM where the flag only changes how many drafts are accepted
