@@ -121,6 +121,7 @@ class SpecDecClient:
         bad_words: Iterable[str] = (),
         cache_salt: str | None = None,
         logit_bias: Mapping[int, float] | None = None,
+        prediction: str | None = None,
         timeout_s: float | None = None,
     ) -> Generator[StreamChunk, None, None]:
         """Chunks of newly verified text as the server produces them; the last has ``final=True``.
@@ -142,6 +143,7 @@ class SpecDecClient:
             stream=True,
             cache_salt=cache_salt,
             logit_bias=logit_bias,
+            prediction=prediction,
         )
         return self._send(request, self._timeout(timeout_s))
 
@@ -161,6 +163,7 @@ class SpecDecClient:
         exclude_input_in_output: bool | None = None,
         cache_salt: str | None = None,
         logit_bias: Mapping[int, float] | None = None,
+        prediction: str | None = None,
         timeout_s: float | None = None,
     ) -> Completion:
         """One non-streamed request (``stream=false``): the server answers once with the whole text,
@@ -180,6 +183,7 @@ class SpecDecClient:
             exclude_input_in_output=exclude_input_in_output,
             cache_salt=cache_salt,
             logit_bias=logit_bias,
+            prediction=prediction,
         )
         return collect(self._send(request, self._timeout(timeout_s)))
 
