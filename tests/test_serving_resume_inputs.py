@@ -24,6 +24,8 @@ from trispec.serving.tensors import (
         ('{"max_token": 4}', "max_token"),
         ('{"triton_enable_empty_final_response": true, "tempreature": 0.1}', "tempreature"),
         ('{"triton_enable_empty_final_response": true}', None),
+        # NVIDIA's model ignores it as a request parameter (a model-config setting there): so do we
+        ('{"accumulate_tokens": true}', None),
         ("{}", None),
         ("", None),
     ],

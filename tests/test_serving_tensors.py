@@ -301,6 +301,15 @@ def test_docs_tensor_table_lists_every_tensor_with_its_status() -> None:
     assert rows == expected
 
 
+def test_ignore_eos_means_no_end_id() -> None:
+    yes, no = np.array([[True]]), np.array([[False]])
+    assert parse(text_input="x", ignore_eos=yes).generation.end_id == -1
+    assert parse(text_input="x", ignore_eos=no, end_id=np.array([[7]])).generation.end_id == 7
+    assert parse(text_input="x", ignore_eos=yes, end_id=np.array([[-1]])).generation.end_id == -1
+    with pytest.raises(InvalidInputError, match="ignore_eos: true means no end id, but end_id is 7"):
+        parse(text_input="x", ignore_eos=np.array([[True]]), end_id=np.array([[7]]))
+
+
 def test_a_prompt_comes_as_text_or_as_token_ids() -> None:
     ids = parse(input_ids=np.array([[5, 6, 7]], dtype=np.int32)).generation
     assert list(ids.prompt_token_ids or []) == [5, 6, 7] and ids.prompt == ""

@@ -151,6 +151,15 @@ def _embedding_bias(get: GetInput) -> tuple[tuple[str, float], ...]:
     return tuple((w, weight) for w, weight in words if w)
 
 
+def _end_id(get: GetInput) -> int | None:
+    end_id = _int(get, "end_id")
+    if not _bool(get, "ignore_eos"):
+        return end_id
+    if end_id is not None and end_id != -1:
+        raise InvalidInputError("ignore_eos", f"true means no end id, but end_id is {end_id}")
+    return -1
+
+
 def _optional_text(get: GetInput, name: str) -> str:
     value = _one(get, name)
     return "" if value is None else _text(name, value)
@@ -196,13 +205,19 @@ def _check_refused(get: GetInput) -> None:
 # request parameters Triton itself sets (tritonclient's streaming option); any other parameter is
 # a key the model does not know, e.g. a misspelled JSON key over HTTP
 TRITON_PARAMETER_PREFIX = "triton_"
+# keys clients written for NVIDIA's model send that it ignores as request parameters: its
+# accumulate_tokens is a model-config setting (vLLM's and SGLang's benchmarks send it with every
+# generate_stream request); ignored here too, the responses carry each round's new text
+IGNORED_PARAMETERS = frozenset({"accumulate_tokens"})
 
 
 def check_parameters(parameters_json: str) -> None:
     """Refuse request parameters the model does not read. Over HTTP, Triton turns every JSON key that
     is not an input into a parameter: a misspelled ``max_token`` would otherwise be ignored."""
     parameters = json.loads(parameters_json) if parameters_json else {}
-    unknown = sorted(k for k in parameters if not k.startswith(TRITON_PARAMETER_PREFIX))
+    unknown = sorted(
+        k for k in parameters if not k.startswith(TRITON_PARAMETER_PREFIX) and k not in IGNORED_PARAMETERS
+    )
     if unknown:
         known = ", ".join(spec.name for spec in INPUTS if spec.status != "refused")
         raise InvalidInputError(
@@ -275,7 +290,7 @@ def parse_inputs(
         stop=tuple(_words(get, "stop_words")),
         bad_words=tuple(_words(get, "bad_words")),
         # -1: no end id at all (TensorRT-LLM's meaning); the core takes it as is
-        end_id=_int(get, "end_id"),
+        end_id=_end_id(get),
         repetition_penalty=float(pick(_float(get, "repetition_penalty"), 1.0)),
         presence_penalty=float(pick(_float(get, "presence_penalty"), 0.0)),
         frequency_penalty=float(pick(_float(get, "frequency_penalty"), 0.0)),

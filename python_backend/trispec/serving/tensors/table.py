@@ -51,6 +51,13 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("stop_words", "TYPE_STRING", (-1,)),
     TensorSpec("exclude_input_in_output", "TYPE_BOOL"),
     TensorSpec("end_id", "TYPE_INT32"),
+    # ours (vLLM's name; its and SGLang's benchmarks send it): true = end_id -1, no end id at all
+    TensorSpec(
+        "ignore_eos",
+        "TYPE_BOOL",
+        status="extension",
+        why="true: no end id ends the request (end_id -1), only max_tokens and stop words",
+    ),
     # outputs are text, never padded token arrays: nothing to pad
     TensorSpec("pad_id", "TYPE_INT32"),
     TensorSpec("top_k", "TYPE_INT32"),
