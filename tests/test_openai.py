@@ -561,3 +561,39 @@ def test_a_prediction_is_drafted_from_and_counted(client: openai.OpenAI) -> None
         accepted = usage.completion_tokens_details.accepted_prediction_tokens or 0
         assert (accepted >= usage.completion_tokens // 2) == accepting, usage
     assert plain.usage is not None and plain.usage.completion_tokens_details is None
+
+
+@pytest.mark.server
+def test_benchmark_clients_payloads_are_served(frontend: str, server: Server) -> None:
+    """What vLLM's and SGLang's serving benchmarks send: OpenAI completions with ignore_eos and
+    best_of 1 (every token generated), and Triton's generate_stream with accumulate_tokens."""
+    body = {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "temperature": 0.0,
+        "best_of": 1,
+        "max_tokens": 24,
+        "stream": False,
+        "ignore_eos": True,
+    }
+    request = urllib.request.Request(
+        f"{frontend}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer = json.load(response)
+    assert answer["usage"]["completion_tokens"] == 24 and answer["choices"][0]["finish_reason"] == "length"
+    stream = {
+        "accumulate_tokens": True,
+        "text_input": PROMPT,
+        "max_tokens": 8,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    request = urllib.request.Request(
+        f"http://{server.http}/v2/models/{MODEL}/generate_stream", json.dumps(stream).encode()
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        events = [
+            json.loads(line[5:]) for line in response.read().decode().splitlines() if line.startswith("data:")
+        ]
+    assert events and "error" not in events[-1] and events[-1]["output_token_count"] == 8

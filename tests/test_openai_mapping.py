@@ -84,6 +84,12 @@ def test_requests_map_to_triton_inputs() -> None:
     tokenized = jobs(one, one.prompts)[0].request
     assert tokenized.prompt == "" and tokenized.prompt_token_ids == (5, 6, 7)
     assert CompletionRequest(model=MODEL, prompt=[[5], [6, 7]]).prompts == [[5], [6, 7]]
+    # vLLM's extras (its benchmark sends ignore_eos with every request)
+    extras = CompletionRequest(model=MODEL, prompt="a", ignore_eos=True, min_tokens=3, repetition_penalty=1.2)
+    job = jobs(extras, extras.prompts)[0]
+    assert job.request.end_id == -1 and job.request.min_tokens == 3
+    assert job.penalties == (("repetition_penalty", 1.2),)
+    assert jobs(body, body.prompts)[0].request.end_id is None
     biased = CompletionRequest(model=MODEL, prompt="a", logit_bias={"50256": -100, "11": 3.5})
     assert jobs(biased, biased.prompts)[0].request.logit_bias == {50256: -100.0, 11: 3.5}
     chat = ChatCompletionRequest(
@@ -235,3 +241,11 @@ def test_vllm_tokenizer_routes_answer_from_the_served_tokenizer(served_tokenizer
             TokenizeRequest.model_validate(bad)
     with pytest.raises(OpenAIError, match="not a token id"):
         detokenize(DetokenizeRequest(tokens=[10**7]), served_tokenizer)
+
+
+def test_chat_template_kwargs_reach_the_template_but_never_replace_its_inputs() -> None:
+    source = "{% if greeting %}{{ greeting }} {% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    template = ChatTemplate(source)
+    messages = [{"role": "user", "content": "x"}]
+    assert template.render(messages, None, {"greeting": "hi"}) == "hi x"
+    assert template.render(messages, None, {"messages": [], "add_generation_prompt": False}) == "x"

@@ -28,6 +28,7 @@ _SCALAR_TYPES: dict[str, str] = {
     "top_p": "FP32",
     "seed": "UINT64",
     "end_id": "INT32",
+    "min_tokens": "INT32",
     "stream": "BOOL",
     "exclude_input_in_output": "BOOL",
     "skip_output_tokens": "INT32",
@@ -64,6 +65,8 @@ class GenerationRequest:
     top_p: float | None = None
     seed: int | None = None
     end_id: int | None = None
+    # end ids are held back until this many tokens were generated
+    min_tokens: int | None = None
     stop_words: tuple[str, ...] = field(default=())
     bad_words: tuple[str, ...] = field(default=())
     stream: bool = True
@@ -89,7 +92,7 @@ class GenerationRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
             raise InvalidRequestError(f"text_input: must be a string, got {type(self.prompt).__name__}")
-        for name in ("max_tokens", "num_draft_tokens", "top_k", "end_id"):
+        for name in ("max_tokens", "num_draft_tokens", "top_k", "end_id", "min_tokens"):
             _check_int(name, getattr(self, name), _INT32)
         _check_int("skip_output_tokens", self.skip_output_tokens, (0, _INT32[1]))
         _check_int("seed", self.seed, _UINT64)

@@ -190,7 +190,7 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
         template = tokenizer.chat_template
         structure = structure_of(body.response_format, body.tools, body.tool_choice, template.source)
         messages = [m.for_template() for m in body.messages]
-        prompts = [template.render(messages, structure.template_tools)]
+        prompts = [template.render(messages, structure.template_tools, body.chat_template_kwargs)]
         fmt = ChatFormat(served_model, body.logprobs, structure.tools, body.top_logprobs or 0)
         call = Call(
             generator,

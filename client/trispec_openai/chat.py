@@ -47,14 +47,20 @@ class ChatTemplate:
         self._template = env.from_string(source)
         self._special = {"bos_token": bos_token, "eos_token": eos_token}
 
-    def render(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
         """The prompt for ``messages``, ending with the assistant's turn opened (add_generation_prompt);
-        ``tools`` as Hugging Face passes them (a template that does not read them leaves them out)."""
-        extra = {} if tools is None else {"tools": tools}
+        ``tools`` as Hugging Face passes them (a template that does not read them leaves them out);
+        ``variables``: more the template may read (vLLM's ``chat_template_kwargs``, e.g.
+        ``enable_thinking``), never the ones set here."""
+        extra = {**(variables or {}), **({} if tools is None else {"tools": tools})}
+        fixed = {"messages": [dict(m) for m in messages], "add_generation_prompt": True, **self._special}
         try:
-            return self._template.render(
-                messages=[dict(m) for m in messages], add_generation_prompt=True, **self._special, **extra
-            )
+            return self._template.render(**{**extra, **fixed})
         except TemplateError as exc:
             # the template's own raise_exception ("Conversation roles must alternate ...") or a bad shape
             raise invalid(f"messages: the model's chat template refused them: {exc}", "messages") from None
@@ -65,7 +71,12 @@ class NoChatTemplate:
 
     source = ""
 
-    def render(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
         raise OpenAIError(
             400,
             "this model has no chat template in its tokenizer metadata; use /v1/completions",

@@ -32,6 +32,8 @@ _PARAM_OF_TENSOR = {
     "logit_bias": "logit_bias",
     "cache_salt": "cache_salt",
     "prediction": "prediction",
+    "min_tokens": "min_tokens",
+    "repetition_penalty": "repetition_penalty",
 }
 _FIELD_PREFIX = re.compile(r"^\s*([a-z_]+):")
 _OVERLOADED = ("retry later", "shutting down")

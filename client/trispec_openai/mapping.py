@@ -60,6 +60,8 @@ def jobs(
         for name in ("presence_penalty", "frequency_penalty")
         if (value := getattr(body, name))
     )
+    if body.repetition_penalty is not None and body.repetition_penalty != 1.0:
+        penalties += (("repetition_penalty", float(body.repetition_penalty)),)
     result = []
     for prompt_index, prompt in enumerate(prompts):
         for i in range(body.n):
@@ -69,6 +71,8 @@ def jobs(
                     prompt=text,
                     prompt_token_ids=ids,
                     max_tokens=max_tokens if keep_output else 1,
+                    end_id=-1 if body.ignore_eos else None,
+                    min_tokens=body.min_tokens or None,
                     num_draft_tokens=body.num_draft_tokens,
                     temperature=body.temperature,
                     top_k=body.top_k,

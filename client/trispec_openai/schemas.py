@@ -64,6 +64,11 @@ class _Sampling(_Body):
     top_k: int | None = Field(None, ge=0)
     # vLLM's name: the prefix cache shares KV blocks only among requests with the same salt
     cache_salt: str | None = Field(None, min_length=1, max_length=1024)
+    # vLLM's extra sampling parameters (its and SGLang's benchmarks send ignore_eos): no end id,
+    # end ids held back until min_tokens, the model's repetition penalty
+    ignore_eos: bool = False
+    min_tokens: int | None = Field(None, ge=0)
+    repetition_penalty: float | None = Field(None, gt=0)
     # Predicted Outputs: text the answer should repeat much of; the server drafts from it
     prediction: Prediction | None = None
 
@@ -168,6 +173,8 @@ class ChatCompletionRequest(_Sampling):
     response_format: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
+    # vLLM's: more variables the chat template reads (e.g. enable_thinking)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
