@@ -120,6 +120,8 @@ def test_min_tokens_holds_the_end_id_back_and_end_id_minus_one_means_none() -> N
     held = generate(4, end_id=end, min_tokens=10)
     assert end not in held[:10] and len(held) >= 11
     assert generate(4, end_id=-1) == free  # no end id at all: only max_tokens ends it
+    # an id past the vocabulary can never be generated: none either (min_tokens masks nothing for it)
+    assert generate(4, end_id=1_048_576, min_tokens=5) == free
 
 
 @pytest.mark.parametrize("k", [0, 4])

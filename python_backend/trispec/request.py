@@ -142,10 +142,10 @@ def validate_request(request: GenerationRequest, prompt_ids: Sequence[int], limi
     request.sampling  # noqa: B018 -- SamplingParams validates temperature, top_k, top_p and seed
     if isinstance(request.stop, str) or any(not isinstance(s, str) or s == "" for s in request.stop):
         raise InvalidInputError("stop", "must be a list of non-empty strings")
-    if request.end_id is not None and (
-        not _is_int(request.end_id) or not -1 <= request.end_id < limits.vocab_size
-    ):
-        raise InvalidInputError("end_id", f"must be a token id in [0, {limits.vocab_size}), or -1 for none")
+    # an id past the vocabulary is taken, as TensorRT-LLM takes it: never generated, so no end id
+    # (SGLang's benchmark sends 1048576 to make every request run its max_tokens)
+    if request.end_id is not None and (not _is_int(request.end_id) or request.end_id < -1):
+        raise InvalidInputError("end_id", "must be a token id (>= 0), or -1 for none")
     if isinstance(request.bad_words, str) or any(
         not isinstance(w, str) or w == "" for w in request.bad_words
     ):

@@ -139,7 +139,9 @@ class Intake:
         if request.end_id is None:
             end_ids = self.eos_ids
         else:
-            end_ids = frozenset() if request.end_id == -1 else frozenset([request.end_id])
+            # -1, or an id the model cannot produce: no end id at all
+            no_end = request.end_id == -1 or request.end_id >= self.limits.vocab_size
+            end_ids = frozenset() if no_end else frozenset([request.end_id])
         # what shapes the distribution and depends on the tokenizer or the prompt (logits_rules.py),
         # and how the runner samples; every sampled request has a seed (a fresh random one when the
         # caller gave none, reported in its outputs), so its text can be reproduced and resumed
