@@ -32,7 +32,7 @@ BAD_REQUESTS = [
     ({"prompt": "hello", "top_k": -1}, "top_k"),
     ({"prompt": "hello", "seed": -2}, "seed"),
     ({"prompt": "hello", "stop": [""]}, "stop"),
-    ({"prompt": "hello", "end_id": 10**6}, "end_id"),
+    ({"prompt": "hello", "end_id": -2}, "end_id"),
 ]
 
 
