@@ -71,12 +71,7 @@ class NoChatTemplate:
 
     source = ""
 
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        variables: Mapping[str, Any] | None = None,
-    ) -> str:
+    def render(self, *_: object) -> str:  # whatever it is given: there is no template to render
         raise OpenAIError(
             400,
             "this model has no chat template in its tokenizer metadata; use /v1/completions",
