@@ -71,9 +71,7 @@ def log_probs_of(
     """Log-probability of ``tokens[i]`` under row i's distribution: after temperature / top-k /
     top-p when sampling (``probs``, from ``logits_to_probs``), the plain softmax of the (rule-shaped)
     logits when greedy, as TensorRT-LLM reports them."""
-    ids = torch.as_tensor(list(tokens), dtype=torch.long).view(-1, 1)
-    n = len(tokens)
-    return _log_prob_rows(logits, params, n, probs).gather(1, ids).view(n).tolist()
+    return _gather(_log_prob_rows(logits, params, len(tokens), probs), tokens)
 
 
 def top_log_probs_of(
@@ -81,8 +79,28 @@ def top_log_probs_of(
 ) -> list[TokenAlternatives]:
     """The ``params.top_log_probs`` most likely tokens of each of the first ``rows`` rows, under the
     distribution :func:`log_probs_of` reads (so a token's own log-prob is among them when it ranks)."""
-    values = _log_prob_rows(logits, params, rows, probs)
-    count = min(params.top_log_probs, values.shape[-1])
+    return _most_likely(_log_prob_rows(logits, params, rows, probs), params.top_log_probs)
+
+
+def log_probs_with_alternatives(
+    logits: torch.Tensor, params: SamplingParams, tokens: Sequence[int], probs: torch.Tensor | None = None
+) -> tuple[list[float], list[TokenAlternatives] | None]:
+    """:func:`log_probs_of` and, when ``params`` asks for them, :func:`top_log_probs_of` of the same
+    rows, from one pass over the vocabulary."""
+    values = _log_prob_rows(logits, params, len(tokens), probs)
+    top = _most_likely(values, params.top_log_probs) if params.top_log_probs else None
+    return _gather(values, tokens), top
+
+
+def _gather(values: torch.Tensor, tokens: Sequence[int]) -> list[float]:
+    ids = torch.as_tensor(list(tokens), dtype=torch.long).view(-1, 1)
+    return values.gather(1, ids).view(len(tokens)).tolist()
+
+
+def _most_likely(values: torch.Tensor, count: int) -> list[TokenAlternatives]:
+    """Each row's ``count`` highest log-probs, most likely first, ties by id, -inf left out."""
+    rows = values.shape[0]
+    count = min(count, values.shape[-1])
     if rows == 0 or count == 0:
         return [TokenAlternatives((), ()) for _ in range(rows)]
     floors = torch.topk(values, count, dim=-1).values[:, -1].tolist()

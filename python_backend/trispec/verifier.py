@@ -17,7 +17,7 @@ import torch
 from trispec.accept import AcceptResult, accept_matching, speculative_accept
 from trispec.drafters.base import DraftProposal
 from trispec.guided.state import mask_rows
-from trispec.logits_rules import apply_rules, log_probs_of, top_log_probs_of
+from trispec.logits_rules import apply_rules, log_probs_with_alternatives
 from trispec.sampling import coupled_tokens, logits_to_probs
 from trispec.sampling_params import SamplingParams
 from trispec.step import PromptLogProbs, SeqStep, TokenAlternatives
@@ -87,10 +87,7 @@ def verify_round(
             continue
         if probs is None and not s.sampling.greedy:
             probs = logits_to_probs(shaped[i], s.sampling)
-        log_probs = log_probs_of(shaped[i], s.sampling, result.tokens, probs)
-        top = None
-        if s.sampling.top_log_probs:
-            top = top_log_probs_of(shaped[i], s.sampling, len(result.tokens), probs)
+        log_probs, top = log_probs_with_alternatives(shaped[i], s.sampling, result.tokens, probs)
         results.append(Verified(result, log_probs, top))
     return results
 
@@ -111,8 +108,7 @@ def score_prompt(s: SeqStep, rows: torch.Tensor) -> PromptLogProbs:
     n = rows.shape[0]
     first = s.num_computed + 1
     plain = SamplingParams(return_log_probs=True, top_log_probs=s.sampling.top_log_probs)
-    log_probs = log_probs_of(rows, plain, s.token_ids[first : first + n])
-    top = top_log_probs_of(rows, plain, n) if plain.top_log_probs else None
+    log_probs, top = log_probs_with_alternatives(rows, plain, s.token_ids[first : first + n])
     return PromptLogProbs(first, log_probs, top)
 
 
