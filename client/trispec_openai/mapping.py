@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from trispec_client.errors import InvalidRequestError
 from trispec_client.request import GenerationRequest
@@ -88,6 +88,7 @@ def jobs(
                 )
             except InvalidRequestError as exc:  # a value the tensors cannot carry (an int over INT32)
                 raise invalid(exc.message, param_of(exc.message)) from None
-            job = Job(prompt_index * body.n + i, prompt_index, request, penalties, structure.param)
-            result.append(replace(job, echo=prompt if echo else None, keep_output=keep_output))
+            index = prompt_index * body.n + i
+            echoed = prompt if echo else None
+            result.append(Job(index, prompt_index, request, penalties, structure.param, echoed, keep_output))
     return result
