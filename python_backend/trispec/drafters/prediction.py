@@ -7,7 +7,7 @@ target verifies every draft, so a wrong prediction costs only its rejected draft
 from __future__ import annotations
 
 from trispec.drafters.base import DraftProposal, DraftRequest
-from trispec.drafters.suffix import _SEP, _Index, longest_match, walk
+from trispec.drafters.suffix import SEPARATOR, SuffixIndex, longest_match, walk
 from trispec.sampling import one_hot_probs
 
 # a prediction is a long, exact copy where it applies: a single matching token may start a draft of
@@ -22,7 +22,7 @@ class PredictionDrafts:
         self.vocab_size = vocab_size
         self.max_depth = max_depth
         self.max_candidates = max_candidates
-        self._indexes: dict[int, _Index] = {}
+        self._indexes: dict[int, SuffixIndex] = {}
 
     def propose(self, request: DraftRequest) -> DraftProposal:
         prediction = request.sampling.prediction
@@ -31,9 +31,9 @@ class PredictionDrafts:
             return DraftProposal([])
         index = self._indexes.get(request.seq_id)
         if index is None:
-            index = self._indexes[request.seq_id] = _Index()
+            index = self._indexes[request.seq_id] = SuffixIndex()
             # the prediction alone, then an end (so that its last token is indexed too: the walk stops there)
-            index.extend([*prediction, _SEP])
+            index.extend([*prediction, SEPARATOR])
         suffix = list(request.token_ids[-self.max_depth :])
         match_len, candidates, _ = longest_match([index], suffix, self.max_depth, self.max_candidates)
         if match_len == 0:

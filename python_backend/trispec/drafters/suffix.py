@@ -33,12 +33,12 @@ from trispec.sampling import one_hot_probs
 # still found among the 8-gram's occurrences, not drowned among the many of a common short n-gram.
 KEY_LENGTHS = (1, 2, 4, 8)
 # Ends each request in the global index. Never a token id, so no match or walk crosses it.
-_SEP = -1
+SEPARATOR = -1
 
 Candidates = tuple[list[int], list[int]]  # a token list, positions right after a match in it
 
 
-class _Index:
+class SuffixIndex:
     """A token list and, per n-gram length in KEY_LENGTHS, a hash chain (as in zlib) of the positions
     that followed each n-gram: ``heads[level][key]`` is the latest such position and
     ``prevs[level][p]`` the one before p with the same key (-1: none). The key is the token for
@@ -72,7 +72,7 @@ class _Index:
 
 
 def longest_match(
-    sources: Sequence[_Index], suffix: list[int], max_depth: int, max_candidates: int
+    sources: Sequence[SuffixIndex], suffix: list[int], max_depth: int, max_candidates: int
 ) -> tuple[int, list[Candidates], int]:
     """The longest match (<= max_depth) of the end of ``suffix`` in ``sources`` (newest first), the
     candidates that reach it (per source, latest first) and how many candidates were examined."""
@@ -123,8 +123,8 @@ def walk(candidates: list[Candidates], limit: int, min_token_prob: float) -> tup
             # probability (each further step would vote 1 of 1)
             tokens, (p,) = candidates[0]
             rest = tokens[p + j : p + j + limit - len(out)]
-            if _SEP in rest:
-                rest = rest[: rest.index(_SEP)]
+            if SEPARATOR in rest:
+                rest = rest[: rest.index(SEPARATOR)]
             return out + rest, score + prob * len(rest)
         # a candidate past the end of the live sequence has no known continuation: no vote; one
         # at a finished request's end votes against every continuation
@@ -136,11 +136,11 @@ def walk(candidates: list[Candidates], limit: int, min_token_prob: float) -> tup
             break
         token = votes[0]
         count = votes.count(token)  # C speed; usually every vote agrees and nobody drops out
-        if count < len(votes) or token == _SEP:
+        if count < len(votes) or token == SEPARATOR:
             counts: dict[int, int] = {}
             for vote in votes:
                 counts[vote] = counts.get(vote, 0) + 1
-            counts.pop(_SEP, None)
+            counts.pop(SEPARATOR, None)
             if not counts:
                 break
             # max keeps the first of equal counts: votes are latest first, so recency breaks ties
@@ -164,7 +164,7 @@ class _SequenceState:
     __slots__ = ("index", "prompt_len")
 
     def __init__(self) -> None:
-        self.index = _Index()
+        self.index = SuffixIndex()
         # the length of the first token_ids proposed for: the prompt (the first propose follows
         # the prompt's last chunk), so that only the output joins the global index
         self.prompt_len: int | None = None
@@ -205,7 +205,7 @@ class SuffixDrafter(StatelessDrafter):
         self.global_tokens = global_tokens
         self.max_candidates = max_candidates
         self._seqs: dict[int, _SequenceState] = {}
-        self._segments: deque[_Index] = deque()  # oldest first
+        self._segments: deque[SuffixIndex] = deque()  # oldest first
         self._segment_tokens = max(1, global_tokens // 8)
         self.global_size = 0  # tokens in the global index, separators included
         # work counters, for tests and benchmarks: positions indexed, candidates examined
@@ -242,7 +242,7 @@ class SuffixDrafter(StatelessDrafter):
             self._remember(state.index.tokens[state.prompt_len :])
 
     # -- internals ---------------------------------------------------------------------------------
-    def _update(self, seq_id: int, token_ids: Sequence[int]) -> _Index:
+    def _update(self, seq_id: int, token_ids: Sequence[int]) -> SuffixIndex:
         """Index the tokens verified since the last call (all of them on the first)."""
         state = self._seqs.get(seq_id)
         known = len(state.index.tokens) if state is not None else 0
@@ -260,7 +260,7 @@ class SuffixDrafter(StatelessDrafter):
         self.num_indexed += state.index.extend(token_ids[known:])
         return state.index
 
-    def _draft(self, index: _Index, k: int, use_global: bool = True) -> list[int]:
+    def _draft(self, index: SuffixIndex, k: int, use_global: bool = True) -> list[int]:
         if k <= 0 or not index.tokens:
             return []
         suffix = index.tokens[-self.max_depth :]
@@ -273,7 +273,9 @@ class SuffixDrafter(StatelessDrafter):
                 tokens = other
         return tokens
 
-    def _speculate(self, sources: Sequence[_Index], suffix: list[int], k: int) -> tuple[list[int], float]:
+    def _speculate(
+        self, sources: Sequence[SuffixIndex], suffix: list[int], k: int
+    ) -> tuple[list[int], float]:
         match_len, candidates, examined = longest_match(sources, suffix, self.max_depth, self.max_candidates)
         self.num_examined += examined
         # + 1e-6: a factor like 0.1 times 10 must give 1, not 0.999...
@@ -292,9 +294,9 @@ class SuffixDrafter(StatelessDrafter):
         if newest is None or len(newest.tokens) + len(output) + 1 > self._segment_tokens:
             # a segment is at most a segment's worth of tokens or one request, so evicting whole
             # segments from the old end never has to drop the request just added
-            newest = _Index()
+            newest = SuffixIndex()
             self._segments.append(newest)
-        self.num_indexed += newest.extend([*output, _SEP])
+        self.num_indexed += newest.extend([*output, SEPARATOR])
         self.global_size += len(output) + 1
         while self.global_size > self.global_tokens and len(self._segments) > 1:
             self.global_size -= len(self._segments.popleft().tokens)
