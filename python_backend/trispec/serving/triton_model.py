@@ -126,13 +126,16 @@ class TritonPythonModel:
             write_fingerprint,
         )
         from trispec.serving.metrics import TritonMetrics
+        from trispec.serving.openmp_team import build_on_own_thread
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         self.pb_utils = pb_utils
         model_config = json.loads(args["model_config"])
         config = load_config(config_path_from(model_config))
         self.decoupled = is_decoupled(model_config)
-        self.llm = SpeculativeLLM.from_config(config)
+        # not on this thread: it never exits, and its OpenMP team would slow every barrier of the loop's
+        # (serving/openmp_team.py)
+        self.llm = build_on_own_thread(lambda: SpeculativeLLM.from_config(config))
         # after loading: the tokenizer files exist, and the built layers say whether the ISA matters
         fingerprint = model_fingerprint(
             config, uses_onednn(self.llm.engine.runner, drafts_change_text(config))
