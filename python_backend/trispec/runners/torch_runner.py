@@ -75,6 +75,8 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         self._drafting: set[int] = set()  # registered with the drafter
         self._draft_failures_in_a_row = 0
         self.drafting_off = False  # set after repeated drafter failures, until restart
+        # what each draft cache of the round under way held when it began (what an undo goes back to)
+        self._draft_held: dict[int, int] = {}
         # steps whose decodes all ran on the graph path / of which some ran eagerly (steps with
         # prompt chunks alone count in neither)
         self.graph_rounds = 0
@@ -223,6 +225,7 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
                     f"seq {s.seq_id}: the plan says {s.num_computed} tokens are cached, the cache holds "
                     f"{self.target.cached_length(s.seq_id)}"
                 )
+        self._draft_held = self._draft_lengths(steps)
         graphed = self._graph_round(chunks, decodes) if self.graphs is not None and decodes else None
         if graphed is not None:
             return graphed
@@ -315,8 +318,10 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         return SeqResult(step.seq_id, num_computed=step.num_computed, error=error)
 
     def _undo(self, steps: Sequence[SeqStep]) -> None:
-        """Forget anything a failed round put in either cache past the planned tokens."""
+        """Forget anything a failed round put in either cache: the target's back to the planned
+        tokens, a draft cache back to what it held when the round began (it may hold more of the
+        prompt than the target has computed: what its pool's prefix cache gave it)."""
         for s in steps:
             if self.target.cached_length(s.seq_id) > s.num_computed:
                 self.target.truncate(s.seq_id, s.num_computed)
-            self._rollback_draft(s.seq_id, s.num_computed)
+            self._rollback_draft(s.seq_id, self._draft_held.get(s.seq_id, 0))
