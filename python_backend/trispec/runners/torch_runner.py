@@ -121,11 +121,17 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
     def can_draft(self) -> bool:
         return not isinstance(self.drafter, NoDrafter)
 
-    def can_admit(self, token_ids: Sequence[int], num_draft_tokens: int = 0, cache_salt: str = "") -> bool:
+    def can_admit(
+        self,
+        token_ids: Sequence[int],
+        sampling: SamplingParams,
+        num_draft_tokens: int = 0,
+        cache_salt: str = "",
+    ) -> bool:
         usage = self.target.kv_usage()
         num_tokens = len(token_ids) + num_draft_tokens
         # blocks found cached are not taken again, but those no sequence holds leave the free count
-        hit, claimed = self.target.probe_prefix(token_ids, cache_salt)
+        hit, claimed = self.target.probe_prefix(token_ids, cache_salt) if _reuses_prefix(sampling) else (0, 0)
         need = blocks_for(num_tokens, usage.block_size) - hit // usage.block_size + claimed
         return num_tokens <= self.target.max_context and need + len(self._admitted) <= usage.free_blocks
 
@@ -140,8 +146,7 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
     ) -> Admitted:
         self.target.add_sequence(seq_id, max_length, cache_salt)
         self._admitted.add(seq_id)
-        # prompt log-probs need every prompt position's logits: nothing is taken from the prefix cache
-        reuse = bool(token_ids) and not sampling.prompt_log_probs
+        reuse = bool(token_ids) and _reuses_prefix(sampling)
         cached = self.target.reuse_prefix(seq_id, token_ids) if reuse else 0
         draft_cached = 0
         if drafts:
@@ -325,3 +330,9 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
             if self.target.cached_length(s.seq_id) > s.num_computed:
                 self.target.truncate(s.seq_id, s.num_computed)
             self._rollback_draft(s.seq_id, self._draft_held.get(s.seq_id, 0))
+
+
+def _reuses_prefix(sampling: SamplingParams) -> bool:
+    """Whether a sequence takes its prompt's start from the target's prefix cache: not one asking for
+    prompt log-probs, which needs every prompt position's logits (admission counts no hits for it)."""
+    return not sampling.prompt_log_probs

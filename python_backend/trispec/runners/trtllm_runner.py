@@ -128,7 +128,13 @@ class TrtllmSpecRunner:
     def can_draft(self) -> bool:
         return self.draft is not None or self.drafter is not None
 
-    def can_admit(self, token_ids: Sequence[int], num_draft_tokens: int = 0, cache_salt: str = "") -> bool:
+    def can_admit(
+        self,
+        token_ids: Sequence[int],
+        sampling: SamplingParams,
+        num_draft_tokens: int = 0,
+        cache_salt: str = "",
+    ) -> bool:
         return len(token_ids) + num_draft_tokens <= self._max_context and len(self._seqs) < self._max_batch
 
     # guide types refused before admission, with the reason
