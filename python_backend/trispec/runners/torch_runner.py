@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -72,6 +73,9 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         self.predictions = PredictionDrafts(target.vocab_size)
         self._generators: dict[int, torch.Generator | None] = {}
         self._admitted: set[int] = set()  # in the target's KV now (not preempted)
+        # a preempted sequence's prompt as it first found the cache (re-admitted, it finds the blocks
+        # it computed itself: no hits of its prompt)
+        self._first_context: dict[int, KVCacheMetrics] = {}
         self._drafting: set[int] = set()  # registered with the drafter
         self._draft_failures_in_a_row = 0
         self.drafting_off = False  # set after repeated drafter failures, until restart
@@ -164,10 +168,15 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         return self.target.room_for(lengths) and self._seeded_drafts_fit(steps)
 
     def preempt(self, seq_id: int) -> None:
+        if seq_id in self._admitted and seq_id not in self._first_context:
+            first = self.target.kv_cache_metrics(seq_id)
+            if first is not None:
+                self._first_context[seq_id] = first
         self._release(seq_id)
 
     def free(self, seq_id: int) -> None:
         self._release(seq_id)
+        self._first_context.pop(seq_id, None)
         self._generators.pop(seq_id, None)
         self._drop_grammar(seq_id)
 
@@ -187,7 +196,16 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         return self.target.cached_length(seq_id)
 
     def kv_cache_metrics(self, seq_id: int) -> KVCacheMetrics | None:
-        return self.target.kv_cache_metrics(seq_id) if seq_id in self._admitted else None
+        now = self.target.kv_cache_metrics(seq_id) if seq_id in self._admitted else None
+        first = self._first_context.get(seq_id)
+        if now is None or first is None:
+            return now
+        # what its prompt found when it first came; the blocks taken for it, in every admission
+        return replace(
+            first,
+            alloc_new_blocks=first.alloc_new_blocks + now.alloc_new_blocks,
+            alloc_total_blocks=first.alloc_total_blocks + now.alloc_total_blocks,
+        )
 
     def kv_usage(self) -> dict[str, KVUsage]:
         pools = {"target": self.target.kv_usage()}
