@@ -240,6 +240,7 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
                     self._drafting_off(f"the drafter could not index sequence {s.seq_id} ({exc!r})")
 
     def _round(self, steps: Sequence[SeqStep]) -> StepResult:
+        self._draft_held = self._draft_lengths(steps)  # first: whatever raises next is undone to it
         chunks = [s for s in steps if s.is_prompt_chunk]
         decodes = [s for s in steps if not s.is_prompt_chunk]
         for s in steps:
@@ -248,7 +249,6 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
                     f"seq {s.seq_id}: the plan says {s.num_computed} tokens are cached, the cache holds "
                     f"{self.target.cached_length(s.seq_id)}"
                 )
-        self._draft_held = self._draft_lengths(steps)
         graphed = self._graph_round(chunks, decodes) if self.graphs is not None and decodes else None
         if graphed is not None:
             return graphed
