@@ -202,3 +202,21 @@ def test_books_balance_after_thousands_of_random_requests() -> None:
         bm.free(sid)
     bm.check()
     assert bm.used_blocks == 0 and bm.empty_blocks + bm.cached_blocks == bm.num_blocks
+
+
+def test_dropping_the_cache_empties_every_block_no_sequence_holds() -> None:
+    """``drop_cached`` (a cold cache without a restart): the cached blocks become empty and are never
+    found again; the blocks running sequences hold stay theirs, and stay shared."""
+    bm = BlockManager(16, BS)
+    held, gone = list(range(10)), list(range(50, 60))
+    sealed(bm, 0, held)
+    sealed(bm, 1, gone)
+    bm.free(1)
+    assert bm.cached_blocks == 3 and bm.used_blocks == 3
+    bm.drop_cached()
+    assert bm.cached_blocks == 0 and bm.empty_blocks == 13 and bm.used_blocks == 3
+    bm.add(2, 100)
+    assert bm.match(2, gone).length == 0
+    bm.add(3, 100)
+    assert bm.match(3, held).length == 8  # 0's two full blocks, still in use and shared
+    bm.check()

@@ -26,7 +26,8 @@ VARIANTS = {
     "int8": {"weight_quant": "int8"},
     "gguf": {"weight_quant": "gguf"},
 }
-TEXT = [random.Random(40).randrange(256) for _ in range(700)]  # the long text prompts are cut from
+_rng = random.Random(40)
+TEXT = [_rng.randrange(256) for _ in range(700)]  # the long text prompts are cut from
 
 
 def make_engine(variant: str, **kw: object) -> TorchEngine:

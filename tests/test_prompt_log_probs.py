@@ -71,3 +71,21 @@ def test_a_prompt_scored_again_in_other_chunks_is_kept_once() -> None:
     seq.take_prompt_scores(PromptLogProbs(7, [-7.0]))  # a gap: not kept
     seq.take_prompt_scores(PromptLogProbs(6, [-6.0, -7.0]))
     assert seq.prompt_log_probs == [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0]
+
+
+def test_admission_counts_no_cache_hits_for_a_request_that_computes_its_whole_prompt() -> None:
+    """A request asking for prompt log-probs takes nothing from the prefix cache: it is admitted only
+    when its whole prompt fits, not on the strength of blocks a running request holds (which would
+    admit it needing one block, then preempt that request to fit its prefill)."""
+    prompt = [(11 * i + 5) % 250 + 1 for i in range(160)]  # 20 blocks of 8
+    llm = spec_engine(tiny_engine(0, num_blocks=30), None, max_context=240, max_prefill_tokens_per_step=64)
+    running = llm.add_request(GenerationRequest(prompt_token_ids=prompt, max_tokens=30))
+    for _ in range(4):
+        llm.step()
+    scoring = llm.add_request(GenerationRequest(prompt_token_ids=prompt, max_tokens=4, prompt_log_probs=True))
+    started_beside = False
+    while llm.has_work():
+        llm.step()
+        ids = {s.seq_id for s in llm.scheduler.running}
+        started_beside |= {running, scoring} <= ids
+    assert not started_beside and llm.stats.preemptions == 0

@@ -69,8 +69,9 @@ def test_a_requests_reused_blocks_and_hit_rate_come_from_the_executor(
     # the stand-in keyed the first prompt's tokens but the last; the second finds 4 full blocks and
     # the fifth partly (a leaf nobody holds): 5 reused, as TensorRT-LLM counts them
     assert (warm.reused_blocks, warm.missed_blocks, warm.hit_rate) == (5, 0, 1.0)
-    # reported in blocks: at most the prompt less its last token, which the executor always computes
-    assert results["warm"].cached_tokens == 131 and results["cold"].cached_tokens == 0
+    # the executor reports blocks: the fifth (the prompt's last 3 keyed tokens) is the last it reused,
+    # maybe in part, so cached_tokens counts the 4 whole ones before it
+    assert results["warm"].cached_tokens == 128 and results["cold"].cached_tokens == 0
     assert results["salted"].kv_metrics.reused_blocks == 0  # type: ignore[union-attr]
     assert results["salted again"].kv_metrics.reused_blocks == 5  # type: ignore[union-attr]
     salts = {r.cache_salt_id for r in trtllm_bindings.Executor.enqueued}
@@ -78,3 +79,22 @@ def test_a_requests_reused_blocks_and_hit_rate_come_from_the_executor(
     # every later round re-sends the sequence: reused by the executor, not reported again
     asked = [r for r in trtllm_bindings.Executor.enqueued if r.output_config.return_perf_metrics]
     assert len(asked) == 4
+
+
+def test_cached_tokens_count_no_token_of_a_partly_reused_block(tmp_path: Path, trtllm_bindings) -> None:  # type: ignore[no-untyped-def]
+    """TensorRT-LLM's executor reports a request's reused blocks, not its reused tokens (executor.h
+    ``Result.requestPerfMetrics``, types.h ``RequestPerfMetrics::KvCacheMetrics``; the token count,
+    ``prepopulatedPromptLen``, stays in the batch manager). Its matching goes past a block only when
+    it reused that block whole, so only the last reused block may be partly reused (kvCacheManager.cpp
+    ``loadOrAllocateBlocks``: ``searchRoot = nullptr`` after a partial match). A prompt sharing 40
+    tokens with an earlier one reuses 2 blocks: 32 tokens whole, 8 of the second; never 64."""
+    llm = engine_over(runner_over(tmp_path))
+    earlier = "".join(chr(65 + i % 26) for i in range(70))
+    later = earlier[:40] + "z" * 30
+    finals = []
+    for prompt in (earlier, later):
+        rid = llm.add_request(GenerationRequest(prompt=prompt, max_tokens=4, num_draft_tokens=3))
+        finals.append(drain(llm)[rid][-1])
+    kv = finals[1].kv_metrics
+    assert (kv.reused_blocks, kv.missed_blocks) == (2, 1)  # the second block matched 8 tokens
+    assert finals[1].cached_tokens == 32

@@ -76,6 +76,11 @@ class Drafter(Protocol):
         """The sequence's first ``num_verified`` tokens are verified; forget anything past them."""
         ...
 
+    def cached_length(self, seq_id: int) -> int:
+        """Tokens of the sequence its draft cache holds (0 without one): what a failed round's undo
+        rolls it back to."""
+        ...
+
     def cache_verified(self, seq_id: int, token_ids: Sequence[int]) -> None:
         """The sequence's verified tokens so far (after ``rollback``): what the draft cache holds of
         them may serve later sequences with the same prefix."""
@@ -102,6 +107,9 @@ class StatelessDrafter:
 
     def rollback(self, seq_id: int, num_verified: int) -> None:
         pass
+
+    def cached_length(self, seq_id: int) -> int:
+        return 0
 
     def cache_verified(self, seq_id: int, token_ids: Sequence[int]) -> None:
         pass

@@ -170,6 +170,9 @@ class ModelDrafter:
         if self.engine.cached_length(seq_id) > num_verified:
             self.engine.truncate(seq_id, num_verified)
 
+    def cached_length(self, seq_id: int) -> int:
+        return self.engine.cached_length(seq_id)
+
     def cache_verified(self, seq_id: int, token_ids: Sequence[int]) -> None:
         if seq_id not in self._imported:
             self.engine.cache_verified(seq_id, token_ids)

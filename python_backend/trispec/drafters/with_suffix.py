@@ -49,6 +49,9 @@ class WithSuffix:
     def rollback(self, seq_id: int, num_verified: int) -> None:
         self.model.rollback(seq_id, num_verified)
 
+    def cached_length(self, seq_id: int) -> int:
+        return self.model.cached_length(seq_id)
+
     def cache_verified(self, seq_id: int, token_ids: Sequence[int]) -> None:
         self.model.cache_verified(seq_id, token_ids)
 

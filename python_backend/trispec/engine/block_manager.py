@@ -213,7 +213,9 @@ class BlockManager:
     def seal(self, seq_id: int, token_ids: Sequence[int]) -> None:
         """The sequence's first ``len(token_ids)`` tokens are verified and are these: index every full
         block among them (one whose digest is indexed already, computed by another sequence at the
-        same time, stays private) and remember the verified tokens of the block after them."""
+        same time, stays private) and remember the verified tokens of the block after them. Fewer
+        tokens than it already holds verified (a draft pool matched further than the target's
+        progress it is sealed with) change nothing: what it matched stays verified."""
         seq = self._get(seq_id)
         if not self.prefix_caching:
             return
@@ -227,7 +229,11 @@ class BlockManager:
                 self._index.add_full(seq.table[b], parent, digest, token_ids[b * bs : (b + 1) * bs])
                 seq.digests.append(digest)
                 parent = digest
-        seq.tail = tuple(token_ids[full * bs : verified])
+            seq.tail = ()
+        # the tail is always the start of the block after the indexed ones (``free`` keys it there)
+        start = len(seq.digests) * bs
+        if verified - start > len(seq.tail):
+            seq.tail = tuple(token_ids[start:verified])
 
     def append(self, seq_id: int, num_tokens: int) -> None:
         """Grow the sequence by ``num_tokens``, taking blocks as needed (free ones first, then the
@@ -295,6 +301,7 @@ class BlockManager:
         for seq in self._seqs.values():
             assert len(seq.table) == blocks_for(seq.length, self.block_size)
             assert len(seq.digests) <= seq.length // self.block_size
+            assert len(seq.digests) * self.block_size + len(seq.tail) <= seq.length
             for block in seq.table:
                 refs[block] += 1
         assert refs == self._refs, "reference counts differ from the block tables"

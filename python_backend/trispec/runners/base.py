@@ -56,10 +56,17 @@ class SpecRunner(Protocol):
         """False when there is no drafter (then every step is plain decoding)."""
         ...
 
-    def can_admit(self, token_ids: Sequence[int], num_draft_tokens: int = 0, cache_salt: str = "") -> bool:
+    def can_admit(
+        self,
+        token_ids: Sequence[int],
+        sampling: SamplingParams,
+        num_draft_tokens: int = 0,
+        cache_salt: str = "",
+    ) -> bool:
         """Whether a new sequence's first step (``token_ids`` and its drafts) fits in the target's free
-        KV now, less what its prefix cache holds of them, with room left for the running sequences to
-        grow by a block each (fewer preemptions)."""
+        KV now, less what its prefix cache holds of them (none for a sequence that will not take from
+        the cache: one asking for prompt log-probs), with room left for the running sequences to grow
+        by a block each (fewer preemptions)."""
         ...
 
     def add(

@@ -131,6 +131,12 @@ class DraftSide:
             self.drafting_off = True
             logger.error("%s: drafting is off until the process restarts", why)
 
+    def _draft_lengths(self, steps: Sequence[SeqStep]) -> dict[int, int]:
+        """What the draft cache of each step's sequence holds now (for an undo of the round)."""
+        if self.drafting_off:
+            return {}
+        return {s.seq_id: self.drafter.cached_length(s.seq_id) for s in steps if s.seq_id in self._drafting}
+
     def _rollback_draft(self, seq_id: int, num_verified: int) -> None:
         """Cut a sequence's draft cache back to its verified tokens. A draft cache that cannot be
         fixed is of no use: drafting goes off rather than failing the target's work."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -72,9 +73,14 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         self.predictions = PredictionDrafts(target.vocab_size)
         self._generators: dict[int, torch.Generator | None] = {}
         self._admitted: set[int] = set()  # in the target's KV now (not preempted)
+        # a preempted sequence's prompt as it first found the cache (re-admitted, it finds the blocks
+        # it computed itself: no hits of its prompt)
+        self._first_context: dict[int, KVCacheMetrics] = {}
         self._drafting: set[int] = set()  # registered with the drafter
         self._draft_failures_in_a_row = 0
         self.drafting_off = False  # set after repeated drafter failures, until restart
+        # what each draft cache of the round under way held when it began (what an undo goes back to)
+        self._draft_held: dict[int, int] = {}
         # steps whose decodes all ran on the graph path / of which some ran eagerly (steps with
         # prompt chunks alone count in neither)
         self.graph_rounds = 0
@@ -119,11 +125,17 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
     def can_draft(self) -> bool:
         return not isinstance(self.drafter, NoDrafter)
 
-    def can_admit(self, token_ids: Sequence[int], num_draft_tokens: int = 0, cache_salt: str = "") -> bool:
+    def can_admit(
+        self,
+        token_ids: Sequence[int],
+        sampling: SamplingParams,
+        num_draft_tokens: int = 0,
+        cache_salt: str = "",
+    ) -> bool:
         usage = self.target.kv_usage()
         num_tokens = len(token_ids) + num_draft_tokens
         # blocks found cached are not taken again, but those no sequence holds leave the free count
-        hit, claimed = self.target.probe_prefix(token_ids, cache_salt)
+        hit, claimed = self.target.probe_prefix(token_ids, cache_salt) if _reuses_prefix(sampling) else (0, 0)
         need = blocks_for(num_tokens, usage.block_size) - hit // usage.block_size + claimed
         return num_tokens <= self.target.max_context and need + len(self._admitted) <= usage.free_blocks
 
@@ -138,8 +150,7 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
     ) -> Admitted:
         self.target.add_sequence(seq_id, max_length, cache_salt)
         self._admitted.add(seq_id)
-        # prompt log-probs need every prompt position's logits: nothing is taken from the prefix cache
-        reuse = bool(token_ids) and not sampling.prompt_log_probs
+        reuse = bool(token_ids) and _reuses_prefix(sampling)
         cached = self.target.reuse_prefix(seq_id, token_ids) if reuse else 0
         draft_cached = 0
         if drafts:
@@ -157,10 +168,15 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         return self.target.room_for(lengths) and self._seeded_drafts_fit(steps)
 
     def preempt(self, seq_id: int) -> None:
+        if seq_id in self._admitted and seq_id not in self._first_context:
+            first = self.target.kv_cache_metrics(seq_id)
+            if first is not None:
+                self._first_context[seq_id] = first
         self._release(seq_id)
 
     def free(self, seq_id: int) -> None:
         self._release(seq_id)
+        self._first_context.pop(seq_id, None)
         self._generators.pop(seq_id, None)
         self._drop_grammar(seq_id)
 
@@ -180,7 +196,16 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         return self.target.cached_length(seq_id)
 
     def kv_cache_metrics(self, seq_id: int) -> KVCacheMetrics | None:
-        return self.target.kv_cache_metrics(seq_id) if seq_id in self._admitted else None
+        now = self.target.kv_cache_metrics(seq_id) if seq_id in self._admitted else None
+        first = self._first_context.get(seq_id)
+        if now is None or first is None:
+            return now
+        # what its prompt found when it first came; the blocks taken for it, in every admission
+        return replace(
+            first,
+            alloc_new_blocks=first.alloc_new_blocks + now.alloc_new_blocks,
+            alloc_total_blocks=first.alloc_total_blocks + now.alloc_total_blocks,
+        )
 
     def kv_usage(self) -> dict[str, KVUsage]:
         pools = {"target": self.target.kv_usage()}
@@ -215,6 +240,7 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
                     self._drafting_off(f"the drafter could not index sequence {s.seq_id} ({exc!r})")
 
     def _round(self, steps: Sequence[SeqStep]) -> StepResult:
+        self._draft_held = self._draft_lengths(steps)  # first: whatever raises next is undone to it
         chunks = [s for s in steps if s.is_prompt_chunk]
         decodes = [s for s in steps if not s.is_prompt_chunk]
         for s in steps:
@@ -315,8 +341,16 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         return SeqResult(step.seq_id, num_computed=step.num_computed, error=error)
 
     def _undo(self, steps: Sequence[SeqStep]) -> None:
-        """Forget anything a failed round put in either cache past the planned tokens."""
+        """Forget anything a failed round put in either cache: the target's back to the planned
+        tokens, a draft cache back to what it held when the round began (it may hold more of the
+        prompt than the target has computed: what its pool's prefix cache gave it)."""
         for s in steps:
             if self.target.cached_length(s.seq_id) > s.num_computed:
                 self.target.truncate(s.seq_id, s.num_computed)
-            self._rollback_draft(s.seq_id, s.num_computed)
+            self._rollback_draft(s.seq_id, self._draft_held.get(s.seq_id, 0))
+
+
+def _reuses_prefix(sampling: SamplingParams) -> bool:
+    """Whether a sequence takes its prompt's start from the target's prefix cache: not one asking for
+    prompt log-probs, which needs every prompt position's logits (admission counts no hits for it)."""
+    return not sampling.prompt_log_probs

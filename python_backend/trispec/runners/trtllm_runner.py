@@ -128,7 +128,13 @@ class TrtllmSpecRunner:
     def can_draft(self) -> bool:
         return self.draft is not None or self.drafter is not None
 
-    def can_admit(self, token_ids: Sequence[int], num_draft_tokens: int = 0, cache_salt: str = "") -> bool:
+    def can_admit(
+        self,
+        token_ids: Sequence[int],
+        sampling: SamplingParams,
+        num_draft_tokens: int = 0,
+        cache_salt: str = "",
+    ) -> bool:
         return len(token_ids) + num_draft_tokens <= self._max_context and len(self._seqs) < self._max_batch
 
     # guide types refused before admission, with the reason
@@ -336,12 +342,12 @@ class TrtllmSpecRunner:
         seq.num_computed = step.feed_to + len(tokens) - 1
         seq.rounds += 1
         if seq.kv is None and done.kv is not None:
-            # TensorRT-LLM counts blocks (a partly reused one too): its tokens are at most those
-            # blocks, and never the last prompt token, which it always computes
-            tokens_cached = min(
-                done.kv.reused_blocks * self.target_info.tokens_per_block, len(step.token_ids) - 1
-            )
-            seq.kv = replace(done.kv, cached_tokens=tokens_cached)
+            # the executor reports reused blocks, not tokens (executor.h Result.requestPerfMetrics;
+            # prepopulatedPromptLen stays in its batch manager). It matches past a block only when it
+            # reused it whole, so only the last reused block may hold part of the prompt, and how much
+            # it does not say (kvCacheManager.cpp loadOrAllocateBlocks): count the whole ones before it
+            whole = max(done.kv.reused_blocks - 1, 0)
+            seq.kv = replace(done.kv, cached_tokens=whole * self.target_info.tokens_per_block)
         return SeqResult(step.seq_id, tokens, len(draft), accepted, seq.num_computed)
 
     def _failed(self, step: SeqStep, error: str) -> SeqResult:

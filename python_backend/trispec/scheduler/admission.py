@@ -38,7 +38,7 @@ class Admission:
     def _fits_now(self, seq: Sequence) -> bool:
         # its first step: every verified token and the drafts
         return len(self.running) < self.config.max_batch_size and self.runner.can_admit(
-            seq.token_ids, seq.num_draft_tokens, seq.cache_salt
+            seq.token_ids, seq.sampling, seq.num_draft_tokens, seq.cache_salt
         )
 
     def _start(self, seq: Sequence) -> None:
