@@ -1,15 +1,16 @@
 """The greedy token's argmax (``sampling/csrc/argmax_rows.h`` behind ``coupled.greedy_tokens``): the
 same ids as torch.argmax, the lowest on ties and the first NaN of a row, one row split between
-threads or many rows, in every ISA copy."""
+threads or many rows, in every ISA copy (the test ids name it; a copy this CPU lacks is a skip)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from isa_copies import copies, require_copy
+from required_builds import c_kernel
 from trispec.sampling import coupled
 
-kernel = coupled._kernel
-pytestmark = pytest.mark.skipif(kernel is None or not hasattr(kernel, "argmax"), reason="not built")
+kernel = c_kernel("trispec.sampling._perturbed_argmax")
 
 
 def rows_of(kind: str, n: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
@@ -27,15 +28,31 @@ def rows_of(kind: str, n: int, vocab: int, gen: torch.Generator) -> torch.Tensor
     return x
 
 
-@pytest.mark.parametrize("kind", ["random", "ties", "all equal", "-inf", "nan", "max last"])
-@pytest.mark.parametrize("shape", [(1, 1), (1, 17), (1, 4096), (1, 151_936), (3, 5000), (2, 33)])
-def test_the_kernel_gives_torch_argmax(kind: str, shape: tuple[int, int]) -> None:
+KINDS = ["random", "ties", "all equal", "-inf", "nan", "max last"]
+SHAPES = [(1, 1), (1, 17), (1, 4096), (1, 151_936), (3, 5000), (2, 33)]
+
+
+def case(kind: str, shape: tuple[int, int]) -> tuple[torch.Tensor, list[int]]:
     gen = torch.Generator().manual_seed(len(kind) * 1_000_003 + shape[0] * 7 + shape[1])
     x = rows_of(kind, *shape, gen)
-    want = x.argmax(-1).tolist()
-    for isa in (512, 2, 0):
-        for threads in (1, 2, 3):
-            assert kernel.argmax(x.data_ptr(), *shape, shape[1], threads, isa) == want, (isa, threads)
+    return x, x.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("isa", copies())
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_copy_gives_torch_argmax(kind: str, shape: tuple[int, int], isa: int) -> None:
+    require_copy(kernel, isa)
+    x, want = case(kind, shape)
+    for threads in (1, 2, 3):
+        assert kernel.argmax(x.data_ptr(), *shape, shape[1], threads, isa) == want, threads
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_greedy_tokens_gives_torch_argmax(kind: str, shape: tuple[int, int]) -> None:
+    """What the engine calls: the copy torch's ISA level picks (``cpu_isa.isa_level``)."""
+    x, want = case(kind, shape)
     assert coupled.greedy_tokens(x) == want
 
 

@@ -20,6 +20,7 @@ import random
 import pytest
 import torch
 from gguf_files import random_gguf
+from required_builds import c_kernel
 from tiny import (
     model_drafter,
     reference_greedy,
@@ -146,6 +147,7 @@ def integer_path_copy(shape: str, variant: str) -> str:
     """The K-quant case is there for the GGUF integer path: every linear layer of its engine must run on
     it (else it would check the float path a second time). Returns the ISA copy they run; skips where
     the CPU has no integer path (no AVX2), saying so."""
+    c_kernel("trispec.engine.cpu._gguf_linear")  # built: else the failure says so, not the skip below
     if gguf_linear._Q8_ISA == 0:
         pytest.skip("no GGUF integer path on this CPU (it needs AVX2): the K-quant layers would run float")
     layers = engine(shape, variant).model.linears()

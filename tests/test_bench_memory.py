@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import pytest
 from gguf_files import random_gguf
+from required_builds import c_kernel
 from tiny import spec_engine, tiny_args, tiny_engine
 from trispec.bench.arms import Arm
 from trispec.bench.closed_loop import run_closed_loop
 from trispec.bench.memory import DecodeFigure, bytes_by_kind, host_ms_per_token, memory_row, read_bandwidth
 from trispec.bench.rows import row
 from trispec.engine.base import ForwardInput
-from trispec.engine.cpu import gguf_linear
 from trispec.engine.model import KernelClock
 from trispec.engine.torch_engine import TorchEngine
 
 needs_q8 = pytest.mark.skipif(
-    gguf_linear._gguf_kernel is None or gguf_linear._Q8_ISA == 0,
-    reason="the GGUF extension's integer path needs AVX2",
+    c_kernel("trispec.engine.cpu._gguf_linear").q8_level(2) == 0,
+    reason="the GGUF kernel's integer path needs AVX2",
 )
 ARGS = tiny_args(hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2, head_dim=64)
 

@@ -6,7 +6,8 @@ and the client's construction (timeouts always set, URLs, bad arguments).
 from __future__ import annotations
 
 import math
-import time
+import queue
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,8 +19,10 @@ from trispec_client import (
     SpecDecConnectionError,
     SpecDecError,
     SpecDecTimeoutError,
+    grpc_transport,
 )
 from tritonclient.utils import InferenceServerException
+from virtual_clock import VirtualClock, VirtualQueue
 
 
 def test_grpc_stream_sets_timeout_final_flag_and_closes_gracefully(fake_grpc: type[FakeGrpcClient]) -> None:
@@ -54,12 +57,23 @@ def test_grpc_early_break_cancels_the_request(fake_grpc: type[FakeGrpcClient]) -
     assert fake.calls[-1][0] == "close"
 
 
-def test_grpc_no_final_response_times_out_and_cancels(fake_grpc: type[FakeGrpcClient]) -> None:
+def test_grpc_no_final_response_times_out_and_cancels(
+    fake_grpc: type[FakeGrpcClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for the next response is what is left of the deadline, read off a virtual clock (the
+    transport's waits on its response queue take their timeout at once), not timed."""
+    clock = VirtualClock()
+    monkeypatch.setattr(grpc_transport, "time", clock)
+    monkeypatch.setattr(
+        grpc_transport, "queue", SimpleNamespace(Queue=lambda: VirtualQueue(clock), Empty=queue.Empty)
+    )
     fake_grpc.script = [(_infer_result({"text_output": "a", "output_token_count": 1}, final=False), None)]
-    start = time.monotonic()
-    with pytest.raises(SpecDecTimeoutError):
+    start = clock.monotonic()
+    with pytest.raises(SpecDecTimeoutError, match=r"within 0\.3 s"):
         list(SpecDecClient("h:1", timeout_s=0.3).stream("x"))
-    assert 0.25 < time.monotonic() - start < 1.5
+    assert len(clock.pauses) == 1 and clock.pauses[0] <= 0.3  # one wait, never past the deadline
+    assert clock.monotonic() - start >= 0.3  # nor given up before it
+    assert fake_grpc.instances[0].call("start_stream")["stream_timeout"] == 0.3  # the server's deadline
     assert fake_grpc.instances[0].call("stop_stream") == {"cancel_requests": True}
 
 

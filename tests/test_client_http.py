@@ -1,6 +1,8 @@
 """trispec_client's HTTP transport against a small scripted SSE server on a local port (real sockets,
 real urllib3, ``client_stand_ins.sse_server``): chunks, errors mid-stream, closing, timeouts and
-the whole-request deadline.
+the whole-request deadline. The timeouts are real waits on real sockets, so each test's script makes
+a broken client take seconds longer than a working one (a stall or a trickle far past the deadline)
+and its time bound sits between the two: never a sub-second window on a loaded machine.
 """
 
 from __future__ import annotations
@@ -85,21 +87,24 @@ def test_http_400_from_the_model_is_invalid_request(sse_server: tuple[str, Scrip
 
 def test_http_breaking_out_of_the_loop_closes_the_connection(sse_server: tuple[str, Script]) -> None:
     url, script = sse_server
-    # 100 events 50 ms apart: only a closed connection makes the server's writes fail within 2 s
-    script.writes = [(0.05, sse({"text_output": "t", "output_token_count": i + 1})) for i in range(100)]
-    for _chunk in SpecDecClient(url, protocol="http", timeout_s=10).stream("x"):
+    # 200 events 50 ms apart: only a closed connection makes the server's writes fail (a client that
+    # keeps it open sees them all succeed, for 10 s)
+    script.writes = [(0.05, sse({"text_output": "t", "output_token_count": i + 1})) for i in range(200)]
+    for _chunk in SpecDecClient(url, protocol="http", timeout_s=30).stream("x"):
         break
-    assert script.disconnected.wait(2.0)
+    assert script.disconnected.wait(8.0)
 
 
 def test_http_stalled_server_times_out(sse_server: tuple[str, Script]) -> None:
     url, script = sse_server
-    script.writes = [(0, sse({"text_output": "a", "output_token_count": 1})), (3.0, sse(FINAL_EVENT))]
+    # a 0.4 s timeout against a 10 s stall: without one the client waits the stall out (and succeeds)
+    script.writes = [(0, sse({"text_output": "a", "output_token_count": 1})), (10.0, sse(FINAL_EVENT))]
+    received = []
     start = time.monotonic()
     with pytest.raises(SpecDecTimeoutError) as info:
-        list(SpecDecClient(url, protocol="http", timeout_s=0.4).stream("x"))
-    assert time.monotonic() - start < 1.5
-    assert info.value.status == "DEADLINE_EXCEEDED"
+        received.extend(c.text for c in SpecDecClient(url, protocol="http", timeout_s=0.4).stream("x"))
+    assert time.monotonic() - start < 5.0
+    assert received == ["a"] and info.value.status == "DEADLINE_EXCEEDED"
 
 
 def test_http_trickling_server_cannot_outlast_the_whole_request_deadline(
@@ -107,24 +112,27 @@ def test_http_trickling_server_cannot_outlast_the_whole_request_deadline(
 ) -> None:
     url, script = sse_server
     # every event comes well within a per-read timeout; only a whole-request deadline stops this
-    script.writes = [(0.1, sse({"text_output": "t", "output_token_count": i + 1})) for i in range(60)]
+    # (10 s of events, one per 50 ms: a client without one reads them all, and succeeds)
+    script.writes = [(0.05, sse({"text_output": "t", "output_token_count": i + 1})) for i in range(200)]
+    received = []
     start = time.monotonic()
     with pytest.raises(SpecDecTimeoutError):
-        list(SpecDecClient(url, protocol="http", timeout_s=0.6).stream("x"))
-    assert time.monotonic() - start < 1.5
-    # the server sees the connection closed (that cancels the request) long before its 6 s of events end
-    assert script.disconnected.wait(1.5)
+        received.extend(SpecDecClient(url, protocol="http", timeout_s=0.6).stream("x"))
+    assert time.monotonic() - start < 5.0 and len(received) < 100  # stopped in the first half
+    # the server sees the connection closed (that cancels the request) before its events end
+    assert script.disconnected.wait(8.0)
 
 
 def test_http_read_timeout_shrinks_to_what_is_left_of_the_deadline(sse_server: tuple[str, Script]) -> None:
     url, script = sse_server
-    # 0.8 s of events, then a stall: the read that waits must give up at the 1 s deadline, not 1 s later
-    script.writes = [(0.1, sse({"text_output": "t", "output_token_count": i + 1})) for i in range(8)]
-    script.writes.append((5.0, sse(FINAL_EVENT)))
+    # 2.8 s of events, then a stall: the read that waits must give up at the 3 s deadline (a read
+    # timeout of the whole 3 s, not shrunk, would give up at 5.8 s at the earliest)
+    script.writes = [(0.1, sse({"text_output": "t", "output_token_count": i + 1})) for i in range(28)]
+    script.writes.append((30.0, sse(FINAL_EVENT)))
     start = time.monotonic()
     with pytest.raises(SpecDecTimeoutError):
-        list(SpecDecClient(url, protocol="http", timeout_s=1.0).stream("x"))
-    assert 0.9 < time.monotonic() - start < 1.4
+        list(SpecDecClient(url, protocol="http", timeout_s=3.0).stream("x"))
+    assert 2.9 < time.monotonic() - start < 5.0
 
 
 def test_http_nothing_listening_is_a_connection_error() -> None:

@@ -7,7 +7,6 @@ a server to come back; with several replicas, a stream resumes on another only w
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 from client_stand_ins import QUEUE_FULL, STATS, FakeClient, Fleet, _run_cli
@@ -22,6 +21,7 @@ from trispec_client import (
     cli,
 )
 from trispec_client.errors import SpecDecResumeError, make_error, status_from_message
+from virtual_clock import VirtualClock
 
 
 def text_digest_of(text: str) -> str:
@@ -109,20 +109,34 @@ def test_cli_resumes_by_default_and_no_resume_turns_it_off(fake_client: type[Fak
     assert cli.main(["generate", "x", "--resume-timeout", "0"]) == 2
 
 
-def test_waiting_for_a_server_to_come_back_is_bounded() -> None:
-    from trispec_client.resume import pauses, wait_until_ready
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_waiting_for_a_server_to_come_back_is_bounded(protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real readiness probes (refused), the pauses between them read off a virtual clock, not timed:
+    growing pauses, a probe after each, and the wait ends once its 1.5 s have passed, never before."""
+    from trispec_client import resume
+    from trispec_client.resume import BACKOFF_INITIAL_S, pauses, wait_until_ready
 
+    clock = VirtualClock()
+    monkeypatch.setattr(resume, "time", clock)
+    probes: list[float] = []  # each probe's own timeout
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))  # bound, not listening: every readiness probe is refused
-        port = sock.getsockname()[1]
-        for protocol in ("http", "grpc"):
-            client = SpecDecClient(f"127.0.0.1:{port}", protocol=protocol)  # type: ignore[arg-type]
-            start = time.monotonic()
-            with pytest.raises(SpecDecConnectionError, match=r"not ready again within 1\.5 s"):
-                wait_until_ready(
-                    client._model_ready, start, 1.5, pauses(), SpecDecConnectionError("Stream removed")
-                )
-            assert 1.0 < time.monotonic() - start < 2.5
+        client = SpecDecClient(f"127.0.0.1:{sock.getsockname()[1]}", protocol=protocol)  # type: ignore[arg-type]
+
+        def probe(timeout_s: float) -> bool:
+            probes.append(timeout_s)
+            return client._model_ready(timeout_s)
+
+        start = clock.monotonic()
+        with pytest.raises(SpecDecConnectionError, match=r"not ready again within 1\.5 s"):
+            wait_until_ready(probe, start, 1.5, pauses(), SpecDecConnectionError("Stream removed"))
+    assert clock.monotonic() - start >= 1.5 and sum(clock.pauses) <= 1.5
+    # doubling, each jittered to half-whole; the last cut to what was left (how many fit depends on
+    # how long the real probes took)
+    schedule = [BACKOFF_INITIAL_S * 2**i for i in range(len(clock.pauses))]
+    assert clock.pauses and all(p <= most for p, most in zip(clock.pauses, schedule)), clock.pauses
+    assert all(p >= most / 2 for p, most in zip(clock.pauses[:-1], schedule)), clock.pauses
+    assert len(probes) == len(clock.pauses) and all(0 < t <= 2.0 for t in probes)
 
 
 def test_a_resumed_stream_must_come_from_the_model_it_began_on() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from required_builds import triton
 from tiny import (
     byte_tokenizer,
     reference_greedy,
@@ -34,7 +35,7 @@ from trispec.runners.graph_round import GraphRound
 from trispec.runners.torch_runner import TorchSpecRunner
 from trispec.scheduler import Scheduler
 
-pytest.importorskip("triton")
+triton()  # a failure where the test extra installs it, else a skip (required_builds.py)
 # the interpreter turns loop bounds into ints through a deprecated numpy conversion
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 

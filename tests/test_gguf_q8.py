@@ -19,35 +19,17 @@ import pytest
 import torch
 from gguf.quants import dequantize, quantize
 from gguf_files import K_QUANTS, T, random_blocks
-from trispec.engine.cpu import gguf_linear
+from isa_copies import q8_copies, require_q8_copy
+from required_builds import c_kernel
 from trispec.engine.cpu.gguf_linear import Q8_COPIES, GGUFLinear, integer_path, q8_copy
 from trispec.engine.cpu.quant_blocks import QuantBlocks
 
-kernel = gguf_linear._gguf_kernel
-pytestmark = pytest.mark.skipif(
-    kernel is None or not hasattr(kernel, "q8_level") or kernel.q8_level(2) == 0,
-    reason="the GGUF extension's integer path needs AVX2",
-)
+kernel = c_kernel("trispec.engine.cpu._gguf_linear")
+pytestmark = pytest.mark.skipif(kernel.q8_level(2) == 0, reason="the GGUF kernel's integer path needs AVX2")
 
 TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0]
 AVX2 = 2  # the reference copy: every CPU with an integer path has it
 ISAS = list(Q8_COPIES)  # 512, 256, 2
-
-
-def require_copy(isa: int) -> int:
-    """``isa``, if the kernel runs that copy on this CPU; else the test is skipped, saying which copy
-    would have run instead."""
-    ran = q8_copy(isa)
-    if ran != isa:
-        pytest.skip(
-            f"this CPU lacks the {Q8_COPIES[isa]} copy: asked for it, the kernel runs "
-            f"{Q8_COPIES.get(ran, 'no integer path')}"
-        )
-    return isa
-
-
-def isa_id(isa: int) -> str:
-    return Q8_COPIES[isa]
 
 
 def blocks(qtype: T, rows: int, columns: int, seed: int) -> np.ndarray:
@@ -60,7 +42,7 @@ def blocks(qtype: T, rows: int, columns: int, seed: int) -> np.ndarray:
 def qlinear(
     x: torch.Tensor,
     parts: list[tuple[np.ndarray, T, torch.Tensor | None]],
-    isa: int = 512,
+    isa: int,
     *,
     threads: int = 2,
     norm: torch.Tensor | None = None,
@@ -116,8 +98,10 @@ def columns_of(qtype: T) -> int:
     return 768 if qtype in K_QUANTS else 576  # K-quants: whole 256-blocks; others: a partial last one
 
 
+@pytest.mark.parametrize("isa", q8_copies())
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_exact_up_to_float_rounding_for_the_quantised_activations(qtype: T) -> None:
+def test_exact_up_to_float_rounding_for_the_quantised_activations(qtype: T, isa: int) -> None:
+    require_q8_copy(isa)
     columns = columns_of(qtype)
     raw = blocks(qtype, 21, columns, 1)
     w = np.asarray(dequantize(raw, qtype), dtype=np.float64).reshape(21, columns)
@@ -125,7 +109,7 @@ def test_exact_up_to_float_rounding_for_the_quantised_activations(qtype: T) -> N
     x[0, :256] = 0.0  # a block of zeros: scale 0
     bias = torch.randn(21)
     expected = quantised(x.numpy()) @ w.T + bias.numpy()
-    got = qlinear(x, [(raw, qtype, bias)]).double().numpy()
+    got = qlinear(x, [(raw, qtype, bias)], isa).double().numpy()
     assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
     # and against the float32 model: the stated tolerance (docs/determinism.md)
     exact = x.double().numpy() @ w.T + bias.numpy()
@@ -135,11 +119,11 @@ def test_exact_up_to_float_rounding_for_the_quantised_activations(qtype: T) -> N
 ROWS = [1, 2, 3, 4, 5, 8, 9, 13, 17]
 
 
-@pytest.mark.parametrize("isa", ISAS, ids=isa_id)
+@pytest.mark.parametrize("isa", q8_copies())
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_every_row_is_the_same_bits_whatever_the_rows_threads_and_isa(qtype: T, isa: int) -> None:
     """The ``isa`` copy, at every row count and thread count, against the AVX2 copy on all rows."""
-    require_copy(isa)
+    require_q8_copy(isa)
     columns = columns_of(qtype)
     raw = blocks(qtype, 11, columns, 2)
     bias = torch.randn(11)
@@ -156,12 +140,12 @@ def test_every_row_is_the_same_bits_whatever_the_rows_threads_and_isa(qtype: T, 
     assert not differing
 
 
-@pytest.mark.parametrize("isa", ISAS, ids=isa_id)
+@pytest.mark.parametrize("isa", q8_copies())
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda t: t.name)
 def test_repacked_groups_exact_same_bits_on_every_isa_and_row_count(qtype: T, isa: int) -> None:
     """37 outputs: two whole groups of 16 and a padded one; rows past a tile (6 on AVX-512, 2 on AVX2);
     legacy types a partial last activation block. The ``isa`` copy against the AVX2 copy."""
-    require_copy(isa)
+    require_q8_copy(isa)
     columns = columns_of(qtype)
     raw = blocks(qtype, 37, columns, 11)
     w = np.asarray(dequantize(raw, qtype), dtype=np.float64).reshape(37, columns)
@@ -181,12 +165,12 @@ def test_repacked_groups_exact_same_bits_on_every_isa_and_row_count(qtype: T, is
     assert not differing
 
 
-@pytest.mark.parametrize("isa", ISAS, ids=isa_id)
+@pytest.mark.parametrize("isa", q8_copies())
 def test_parts_norm_and_residual_in_one_call(isa: int) -> None:
     """q/k/v-like parts of two types, the RMSNorm before and the residual add after: the ``isa`` copy
     gives the AVX2 copy's bits, and the values of the separate steps (the norm's sum order is the
     kernel's own)."""
-    require_copy(isa)
+    require_q8_copy(isa)
     columns = 512
     parts = [
         (blocks(T.Q4_K, 12, columns, 4), T.Q4_K, torch.randn(12)),
@@ -235,6 +219,6 @@ def test_bad_plans_are_refused() -> None:
     raw = blocks(T.Q4_K, 2, 256, 9)
     x = torch.randn(1, 256)
     with pytest.raises(ValueError, match="bad plan"):
-        qlinear(x, [(raw, T.Q4_1, None)])  # a type the integer path does not take
+        qlinear(x, [(raw, T.Q4_1, None)], AVX2)  # a type the integer path does not take
     with pytest.raises(ValueError, match="bad plan"):
-        qlinear(torch.randn(1, 512), [(raw, T.Q4_K, None)])  # row bytes of another width
+        qlinear(torch.randn(1, 512), [(raw, T.Q4_K, None)], AVX2)  # row bytes of another width

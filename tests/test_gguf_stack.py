@@ -8,20 +8,20 @@ them.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from gguf_files import random_gguf
+from isa_copies import q8_copies, require_q8_copy
+from required_builds import c_kernel
 from tiny import tiny_args
 from trispec.engine.base import ForwardInput
-from trispec.engine.cpu import gguf_linear
 from trispec.engine.cpu.gguf_stack import GGUFLayerStack
 from trispec.engine.torch_engine import TorchEngine
 
-kernel = gguf_linear._gguf_kernel
-pytestmark = pytest.mark.skipif(
-    kernel is None or not hasattr(kernel, "q8_level") or kernel.q8_level(2) == 0,
-    reason="the GGUF extension's integer path needs AVX2",
-)
+kernel = c_kernel("trispec.engine.cpu._gguf_linear")
+pytestmark = pytest.mark.skipif(kernel.q8_level(2) == 0, reason="the GGUF kernel's integer path needs AVX2")
 
 # every width a whole number of 256-blocks (K-quants), GQA, two layers; qwen2: q|k|v biases too
 ARGS = {
@@ -61,23 +61,20 @@ def test_the_stack_gives_what_the_layers_give_one_by_one(arch: str) -> None:
     )
 
 
-def test_every_q8_copy_gives_the_same_bits() -> None:
-    """AVX-512 VNNI, AVX-VNNI and AVX2: a copy this CPU lacks is skipped, never stood in for."""
-    results, missing = {}, []
-    for isa in (512, 256, 2):
-        if kernel.q8_level(isa) != isa:
-            missing.append(isa)
-            continue
-        e = engine()
-        e.model.stack.isa = isa
-        results[isa] = (feed(e, [IDS[:20], IDS[20:25], IDS[25:26]]), e.kv.k.clone(), e.kv.v.clone())
-    first = next(iter(results.values()))
-    for isa, (logits, k, v) in results.items():
-        assert torch.equal(logits, first[0]) and torch.equal(k, first[1]) and torch.equal(v, first[2]), isa
-    if missing:
-        pytest.skip(
-            f"this CPU has no Q8 copy {missing} (512: AVX-512 VNNI, 256: AVX-VNNI): compared {list(results)}"
-        )
+@functools.cache
+def run_on_copy(isa: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits, keys and values of a prefill, a verify and a decode step on the Q8 copy ``isa``."""
+    e = engine()
+    e.model.stack.isa = isa
+    return feed(e, [IDS[:20], IDS[20:25], IDS[25:26]]), e.kv.k.clone(), e.kv.v.clone()
+
+
+@pytest.mark.parametrize("isa", q8_copies(512, 256))
+def test_each_q8_copy_gives_the_avx2_copys_bits(isa: int) -> None:
+    """AVX-512 VNNI and AVX-VNNI against AVX2: a copy this CPU lacks is skipped, never stood in for."""
+    require_q8_copy(isa)
+    for got, expected in zip(run_on_copy(isa), run_on_copy(2)):
+        assert torch.equal(got, expected)
 
 
 @pytest.mark.parametrize("threads", [1, 3])

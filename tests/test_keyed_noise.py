@@ -9,13 +9,15 @@ import math
 import numpy as np
 import pytest
 import torch
+from isa_copies import copies, require_copy
+from required_builds import c_kernel, triton
 from scipy.stats import chisquare
 from trispec.sampling import coupled
 from trispec.sampling.coupled import perturbed_argmax, reference_perturbed_argmax
 from trispec.sampling.kept_set import KeptSet, find_kept_sets
 from trispec.sampling.noise import gumbel, noise_bits, philox4x32_10
 
-kernel = pytest.importorskip("trispec.sampling._perturbed_argmax")
+kernel = c_kernel("trispec.sampling._perturbed_argmax")
 
 # Random123's kat_vectors (Salmon et al.): counter, key -> output, Philox4x32 with 10 rounds
 KNOWN_ANSWERS = [
@@ -97,7 +99,7 @@ def test_sampling_among_the_candidates_picks_what_the_whole_row_does(top_k: int,
     assert find_kept_sets(tie_free, [top_k] * 4, [top_p] * 4).candidates is not None
 
 
-def test_a_row_gets_its_token_whatever_the_batch_threads_or_isa() -> None:
+def test_a_row_gets_its_token_whatever_the_batch() -> None:
     x = rows(3, 6, 5000)
     kept = find_kept_sets(x, *SETTINGS)
     seeds, positions = list(range(6)), [4] * 6
@@ -107,24 +109,31 @@ def test_a_row_gets_its_token_whatever_the_batch_threads_or_isa() -> None:
         assert (
             int(perturbed_argmax(x[i : i + 1], alone, seeds[i : i + 1], positions[i : i + 1])) == batched[i]
         )
+
+
+@pytest.mark.parametrize("isa", copies())
+def test_each_copy_picks_the_torch_formulas_tokens_whatever_the_threads(isa: int) -> None:
+    require_copy(kernel, isa)
+    x = rows(3, 6, 5000)
+    kept = find_kept_sets(x, *SETTINGS)
+    seeds, positions = list(range(6)), [4] * 6
+    expected = reference_perturbed_argmax(x, kept, seeds, positions)
     seed_words, position_words = torch.tensor(seeds, dtype=torch.int64), torch.tensor(positions)
-    for isa in (512, 2, 0):
-        for threads in (1, 2):
-            out = torch.empty(6, dtype=torch.int64)
-            kernel.perturbed_argmax(
-                x.data_ptr(), 6, 5000, 5000, kept.threshold.data_ptr(), kept.ties.data_ptr(),
-                seed_words.data_ptr(), position_words.data_ptr(), out.data_ptr(), threads, isa, 0, 0,
-            )  # fmt: skip
-            assert torch.equal(out, batched), (isa, threads)
+    for threads in (1, 2):
+        out = torch.empty(6, dtype=torch.int64)
+        kernel.perturbed_argmax(
+            x.data_ptr(), 6, 5000, 5000, kept.threshold.data_ptr(), kept.ties.data_ptr(),
+            seed_words.data_ptr(), position_words.data_ptr(), out.data_ptr(), threads, isa, 0, 0,
+        )  # fmt: skip
+        assert torch.equal(out, expected), threads
 
 
 # the interpreter's own loop over a range with a tensor bound (triton/runtime/interpreter.py)
 @pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 def test_the_triton_kernel_picks_the_same_tokens() -> None:
+    triton()  # installed where the test extra installs it, else a skip (required_builds.py)
     from trispec.sampling import triton_argmax
 
-    if triton_argmax.triton is None:
-        pytest.skip("triton is not installed")
     x = rows(5, 6, 2500)
     kept = find_kept_sets(x, *SETTINGS)
     seeds, positions = [1, 2**63 + 5, 7, 2**64 - 1, 3, 9], [0, 11, 2**33, 5, 1, 400]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from required_builds import triton
+from trispec.engine.gpu import triton_attention
 from trispec.engine.gpu.static_attention import reference_paged_attention
 
-triton_attention = pytest.importorskip("trispec.engine.gpu.triton_attention")
-if not triton_attention.available():
-    pytest.skip("triton is not installed", allow_module_level=True)
+triton()  # a failure where the test extra installs it, else a skip (required_builds.py)
 
 # the interpreter turns loop bounds into ints through a deprecated numpy conversion
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import torch
 
+from trispec.c_kernels import warn_missing
 from trispec.engine.args import ModelArgs
 from trispec.engine.cpu.linear import DenseLinear, GGUFLinear, Int8Linear, Linear, RowSplitLinear
 from trispec.engine.cpu.quant_blocks import QuantBlocks
@@ -43,6 +44,8 @@ def build_transformer(
     if weight_quant not in (None, "int8", "gguf"):
         raise ConfigError("weight_quant", f"unsupported weight_quant {weight_quant!r} (None, 'int8', 'gguf')")
     device = device or torch.device("cpu")
+    if device.type == "cpu":
+        warn_missing()  # what runs in place of a kernel that did not build, said once
     if weight_quant == "int8" and device.type != "cpu":
         raise ConfigError("precision", "int8 weight-only runs on CPU; on a GPU use bfloat16")
     blocks_of = gguf_blocks_of(state_dict, weight_quant, dtype, device)
