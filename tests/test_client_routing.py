@@ -117,23 +117,27 @@ def test_a_client_resumes_a_cut_stream_on_the_replica_of_next_highest_weight(
     prompt, order = _prompt_that_index_order_misplaces()
     client = SpecDecClient(URLS, timeout_s=30, resume_timeout_s=5)
     cut = SpecDecConnectionError("Stream removed")
-    final = StreamChunk("", 6, final=True, finish_reason="length", stats=STATS)
-    scripts: dict[int, list[object]] = {i: [] for i in range(4)}
-    scripts[order[0]] = [[StreamChunk("Bon", 2, seed=7, model_fingerprint="aaaa"), cut]]
     first = {"model_fingerprint": "aaaa"}  # an attempt's first chunk names the model
-    scripts[order[1]] = [[StreamChunk("jour", 4, skipped_text_sha256=text_digest("Bon"), **first), cut]]
-    scripts[order[2]] = [[StreamChunk(" à", 6, skipped_text_sha256=text_digest("Bonjour"), **first), final]]
-    fleet = Fleet(client, monkeypatch, **{f"r{i}": s for i, s in scripts.items()})
-    ready = fleet.ready
+    # the attempts in turn, whichever replica takes each: the stream goes on wherever it resumes
+    attempts = [
+        [StreamChunk("Bon", 2, seed=7, **first), cut],
+        [StreamChunk("jour", 4, skipped_text_sha256=text_digest("Bon"), **first), cut],
+        [
+            StreamChunk(" à", 6, skipped_text_sha256=text_digest("Bonjour"), **first),
+            StreamChunk("", 6, final=True, finish_reason="length", stats=STATS),
+        ],
+    ]
+    fleet = Fleet(client, monkeypatch, **{f"r{i}": [] for i in range(4)})
 
     def attempt_then_gone(index: int, request: object, timeout_s: float) -> object:
-        ready[index] = False  # the replica that took it dies with the stream
+        fleet.outcomes[index].append(attempts[len(fleet.sent)])
+        fleet.ready[index] = False  # the replica that took it dies with the stream
         return Fleet.attempt(fleet, index, request, timeout_s)  # type: ignore[arg-type]
 
     monkeypatch.setattr(client.replicas, "attempt", attempt_then_gone)
     chunks = list(client.stream(prompt, temperature=0.8))
-    assert "".join(c.text for c in chunks) == "Bonjour à" and chunks[-1].stats.resumed == 2
     assert [index for index, _ in fleet.sent] == order[:3]
+    assert "".join(c.text for c in chunks) == "Bonjour à" and chunks[-1].stats.resumed == 2
 
 
 def test_the_openai_endpoint_resumes_a_cut_stream_on_the_replica_of_next_highest_weight(
@@ -151,21 +155,23 @@ def test_the_openai_endpoint_resumes_a_cut_stream_on_the_replica_of_next_highest
     generator = TritonGenerator(URLS, "specdec", timeout_s=30, resume_timeout_s=5)
     cut = _Cut(OpenAIError(502, "Stream removed"))
     first = {"model_fingerprint": "aaaa"}
-    scripts = {
-        order[0]: [Piece("Bon", 2, seed=7, **first), cut],
-        order[1]: [Piece("jour", 4, skipped_text_sha256=text_digest("Bon"), **first), cut],
-        order[2]: [
+    # the attempts in turn, whichever replica takes each: the stream goes on wherever it resumes
+    attempts = [
+        [Piece("Bon", 2, seed=7, **first), cut],
+        [Piece("jour", 4, skipped_text_sha256=text_digest("Bon"), **first), cut],
+        [
             Piece(" à", 6, skipped_text_sha256=text_digest("Bonjour"), **first),
             Piece("", 6, final=True, finish_reason="length"),
         ],
-    }
+    ]
     ready = dict.fromkeys(range(4), True)
     sent: list[int] = []
 
     async def attempt(request: object, asked: object, request_id: str, extra: object, replica: int = 0):  # type: ignore[no-untyped-def]
+        items = attempts[len(sent)]
         sent.append(replica)
         ready[replica] = False  # the replica that took it dies with the stream
-        for item in scripts[replica]:
+        for item in items:
             if isinstance(item, Exception):
                 raise item
             yield item
@@ -181,5 +187,5 @@ def test_the_openai_endpoint_resumes_a_cut_stream_on_the_replica_of_next_highest
         return [p async for p in generator.stream(request, logprobs=False, request_id="r")]
 
     pieces = asyncio.run(run())
-    assert "".join(p.text for p in pieces) == "Bonjour à" and generator.resumed_total == 2
     assert sent == order[:3]
+    assert "".join(p.text for p in pieces) == "Bonjour à" and generator.resumed_total == 2
