@@ -85,6 +85,7 @@ SHARED_SERVER_FILES = frozenset(
         "test_server_streams.py",
         "test_server_cancel.py",
         "test_server_refusals.py",
+        "test_server_prefix_reset.py",
         "test_server_stub_killed.py",
     ),
 )

@@ -59,3 +59,133 @@ def test_cli_summary_says_the_cached_prompt_tokens() -> None:
     completion = Completion("x", 2, "length", None, cached_tokens=48)
     assert cli.summary(completion) == "[2 tokens, length, 48 prompt tokens cached]"
     assert cli.summary(Completion("x", 2, "length", None, cached_tokens=0)) == "[2 tokens, length]"
+
+
+URLS = ["a:1", "b:2", "c:3", "d:4"]
+
+
+def _by_index(cut_on: int, gone: set[int], n: int = len(URLS)) -> int:
+    """Where the old rule (the next replica by index) resumed a stream cut on ``cut_on``."""
+    return next(i for i in ((cut_on + k) % n for k in range(1, n + 1)) if i not in gone)
+
+
+def _prompt_that_index_order_misplaces() -> tuple[str, list[int]]:
+    """A prompt whose rendezvous order is not the index order after its first two replicas."""
+    from trispec_client.routing import Router
+
+    router = Router(URLS)
+    for i in range(1000):
+        prompt = f"conversation {i}: " + "x" * 30
+        order = router.order(prompt)
+        if order[1] != _by_index(order[0], {order[0]}) and order[2] != _by_index(order[1], set(order[:2])):
+            return prompt, order
+    raise AssertionError("no such prompt among 1,000")
+
+
+def test_a_resume_goes_where_the_key_fails_over_and_removing_a_replica_moves_only_its_keys() -> None:
+    """The replica a cut stream resumes on is the next by rendezvous weight for the request's key: the
+    one any client picks for that key once the replica is gone (its later turns meet the KV the
+    resumed stream left there)."""
+    from trispec_client.routing import Router, resume_order
+
+    router = Router(URLS)
+    prompts = [f"conversation {i}: " + "x" * 30 for i in range(400)]
+    for prompt in prompts:
+        order = router.order(prompt)
+        assert resume_order(order, order[0]) == order[1:] + order[:1]
+        assert resume_order(order, order[1]) == [order[0], *order[2:], order[1]]
+        # without its home, the key's new home is the replica its stream resumed on; the others stay
+        for gone in range(len(URLS)):
+            fewer = [url for i, url in enumerate(URLS) if i != gone]
+            home = fewer[Router(fewer).order(prompt)[0]]
+            want = order[1] if order[0] == gone else order[0]
+            assert home == URLS[want], (prompt, gone)
+    # round-robin: the next replica in turn, as before
+    rr = Router(URLS, "round-robin")
+    order = rr.order("x")
+    assert resume_order(order, order[0]) == [(order[0] + k) % 4 for k in range(1, 5)]
+
+
+def test_a_client_resumes_a_cut_stream_on_the_replica_of_next_highest_weight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """4 replicas, prefix routing: the home replica cuts the stream and is gone, so it resumes on the
+    second by weight; that one cuts it too and goes, so on the third: never the next by index."""
+    from trispec_client import SpecDecConnectionError
+    from trispec_client.resume import text_digest
+
+    prompt, order = _prompt_that_index_order_misplaces()
+    client = SpecDecClient(URLS, timeout_s=30, resume_timeout_s=5)
+    cut = SpecDecConnectionError("Stream removed")
+    first = {"model_fingerprint": "aaaa"}  # an attempt's first chunk names the model
+    # the attempts in turn, whichever replica takes each: the stream goes on wherever it resumes
+    attempts = [
+        [StreamChunk("Bon", 2, seed=7, **first), cut],
+        [StreamChunk("jour", 4, skipped_text_sha256=text_digest("Bon"), **first), cut],
+        [
+            StreamChunk(" à", 6, skipped_text_sha256=text_digest("Bonjour"), **first),
+            StreamChunk("", 6, final=True, finish_reason="length", stats=STATS),
+        ],
+    ]
+    fleet = Fleet(client, monkeypatch, **{f"r{i}": [] for i in range(4)})
+
+    def attempt_then_gone(index: int, request: object, timeout_s: float) -> object:
+        fleet.outcomes[index].append(attempts[len(fleet.sent)])
+        fleet.ready[index] = False  # the replica that took it dies with the stream
+        return Fleet.attempt(fleet, index, request, timeout_s)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(client.replicas, "attempt", attempt_then_gone)
+    chunks = list(client.stream(prompt, temperature=0.8))
+    assert [index for index, _ in fleet.sent] == order[:3]
+    assert "".join(c.text for c in chunks) == "Bonjour à" and chunks[-1].stats.resumed == 2
+
+
+def test_the_openai_endpoint_resumes_a_cut_stream_on_the_replica_of_next_highest_weight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """specdec-openai's generator, its replicas stood in for: the same order as the client's."""
+    import asyncio
+
+    from trispec_client import GenerationRequest
+    from trispec_client.resume import text_digest
+    from trispec_openai.errors import OpenAIError
+    from trispec_openai.triton import Piece, TritonGenerator, _Cut
+
+    prompt, order = _prompt_that_index_order_misplaces()
+    generator = TritonGenerator(URLS, "specdec", timeout_s=30, resume_timeout_s=5)
+    cut = _Cut(OpenAIError(502, "Stream removed"))
+    first = {"model_fingerprint": "aaaa"}
+    # the attempts in turn, whichever replica takes each: the stream goes on wherever it resumes
+    attempts = [
+        [Piece("Bon", 2, seed=7, **first), cut],
+        [Piece("jour", 4, skipped_text_sha256=text_digest("Bon"), **first), cut],
+        [
+            Piece(" à", 6, skipped_text_sha256=text_digest("Bonjour"), **first),
+            Piece("", 6, final=True, finish_reason="length"),
+        ],
+    ]
+    ready = dict.fromkeys(range(4), True)
+    sent: list[int] = []
+
+    async def attempt(request: object, asked: object, request_id: str, extra: object, replica: int = 0):  # type: ignore[no-untyped-def]
+        items = attempts[len(sent)]
+        sent.append(replica)
+        ready[replica] = False  # the replica that took it dies with the stream
+        for item in items:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    async def replica_ready(index: int, timeout_s: float = 5.0) -> bool:
+        return ready[index]
+
+    monkeypatch.setattr(generator, "_attempt", attempt)
+    monkeypatch.setattr(generator, "replica_ready", replica_ready)
+
+    async def run() -> list[Piece]:
+        request = GenerationRequest(prompt, temperature=0.8)
+        return [p async for p in generator.stream(request, logprobs=False, request_id="r")]
+
+    pieces = asyncio.run(run())
+    assert sent == order[:3]
+    assert "".join(p.text for p in pieces) == "Bonjour à" and generator.resumed_total == 2

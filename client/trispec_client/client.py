@@ -22,7 +22,7 @@ from trispec_client.resume import (
     refusal_of_resend,
     wait_until_ready,
 )
-from trispec_client.routing import DEFAULT_PREFIX_CHARS, DEFAULT_ROUTING, Routing
+from trispec_client.routing import DEFAULT_PREFIX_CHARS, DEFAULT_ROUTING, Routing, resume_order
 
 Protocol = Literal["grpc", "http"]
 PROTOCOLS: tuple[Protocol, ...] = ("grpc", "http")
@@ -72,7 +72,8 @@ class SpecDecClient:
     goes to the replica its leading text (and cache salt) hashes to (``routing="prefix"``, so a
     conversation's turns find their KV in that replica's prefix cache; ``trispec_client.routing``) or
     to the next in turn (``"round-robin"``); one that cannot reach its replica tries the others (then
-    pauses, ``retries`` rounds), and a cut stream is resumed on whichever is ready, the others first.
+    pauses, ``retries`` rounds), and a cut stream is resumed on the first ready one of the others in
+    the request's order (the next-highest rendezvous weight: it keeps its affinity), then its own.
     A replica that serves another model (another ``model_fingerprint``) never continues a stream; if
     no ready replica serves the model the stream began on, it ends in ``SpecDecResumeError``.
     """
@@ -257,7 +258,7 @@ class SpecDecClient:
                 if state.resumed and is_other_model(exc):
                     # this replica serves another model: only a ready one serving ours may go on
                     other_models.add(on[0])
-                    found = self._ready_replica(self.replicas.resume_order(on[0]), other_models, 2.0)
+                    found = self._ready_replica(resume_order(order, on[0]), other_models, 2.0)
                     if found is None:
                         raise state.refused(exc) from exc
                     on[0] = found
@@ -269,10 +270,11 @@ class SpecDecClient:
                 if resuming_since is None:
                     resuming_since = credited = time.monotonic()
                 state.cut(exc)
-                order = self.replicas.resume_order(on[0])
+                # the request's own order (by rendezvous weight): it keeps its prefix affinity
+                looking = resume_order(order, on[0])
 
-                def ready(probe_s: float, order: list[int] = order) -> bool:
-                    found = self._ready_replica(order, other_models, probe_s)
+                def ready(probe_s: float, looking: list[int] = looking) -> bool:
+                    found = self._ready_replica(looking, other_models, probe_s)
                     if found is not None:
                         on[0] = found
                     return found is not None

@@ -3,8 +3,8 @@
 
 A new request goes where its leading text hashes to (or the replicas in turn: ``routing.py``); a
 request that cannot reach one (connection refused, a restarting or overloaded server) tries the next
-in its order before pausing; a stream cut on one is resumed on whichever is ready, the others first
-(``client.py`` and ``resume.py`` decide when).
+in its order before pausing; a stream cut on one is resumed on the first ready one of the others in
+that order, then on it (``routing.resume_order``; ``client.py`` and ``resume.py`` decide when).
 """
 
 from __future__ import annotations
@@ -60,11 +60,6 @@ class Replicas:
     def order(self, request: GenerationRequest) -> list[int]:
         """Where a new request goes first, then where it fails over to (``routing.py``)."""
         return self.router.order(request.routing_key, request.cache_salt)
-
-    def resume_order(self, cut_on: int) -> list[int]:
-        """Where to look for a ready replica after a cut on ``cut_on``: the others first, then it."""
-        n = len(self.urls)
-        return [(cut_on + i) % n for i in range(1, n + 1)]
 
     def attempt(
         self, index: int, request: GenerationRequest, timeout_s: float

@@ -5,7 +5,10 @@ and its cache salt. Requests that begin with the same ``prefix_chars`` character
 turns, an agent resending its context) go to the same replica, whose prefix cache holds their KV; any
 client computes the same order for the same request without sharing state, and when a replica
 leaves only the requests it ranked first move. The order continues with the other replicas by score,
-which is where the request fails over to. ``round-robin``: new requests take the replicas in turn.
+which is where the request fails over to, and where a stream cut on its replica resumes
+(``resume_order``): the replica with the next-highest weight for its key, the one any client would
+pick once that replica is gone, so its next turns find the KV the resumed stream left there.
+``round-robin``: new requests take the replicas in turn.
 
 The trade-off: requests sharing their first ``prefix_chars`` characters all go to one replica (per
 cache salt). A system prompt longer than that, shared by every user, puts them all on one replica:
@@ -40,6 +43,13 @@ def rendezvous_order(key: bytes, urls: Sequence[str]) -> list[int]:
     """Replica indices by descending weight ``sha256(key, url)``: the first is the request's home."""
     weights = [hashlib.sha256(key + b"\0" + url.encode("utf-8")).digest() for url in urls]
     return sorted(range(len(urls)), key=lambda i: weights[i], reverse=True)
+
+
+def resume_order(order: Sequence[int], cut_on: int) -> list[int]:
+    """Where a stream cut on replica ``cut_on`` looks for a ready replica: the request's own order
+    (``Router.order``: by rendezvous weight, or its round-robin turn) without ``cut_on``, then
+    ``cut_on`` itself (it may come back first: the supervisor restarts its server)."""
+    return [index for index in order if index != cut_on] + [cut_on]
 
 
 class Router:

@@ -1,8 +1,9 @@
 """The OpenAI-compatible routes (FastAPI): ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
 vLLM's ``/tokenize``, ``/detokenize`` and ``/tokenizer_info`` (trispec_openai.tokenizer_routes),
 ``/health`` (200 while some Triton replica says the model is ready, else 503: for load balancers; the
-body lists each replica, its readiness and the model fingerprint it last named) and ``/metrics``
-(Prometheus text: ``specdec_resumed_streams_total``, the generations resumed after Triton cut them).
+body lists each replica, its readiness and the model fingerprint it last named), ``/metrics``
+(Prometheus text: ``specdec_resumed_streams_total``, the generations resumed after Triton cut them)
+and, behind the admin key, ``POST /reset_prefix_cache`` (trispec_openai.admin).
 
 Bodies are read and validated here rather than by FastAPI's body parameters, so that every failure,
 malformed JSON included, is answered in OpenAI's error shape with 400 (FastAPI's own would be 422).
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from trispec_openai.admin import add_admin_routes
 from trispec_openai.errors import OpenAIError, invalid
 from trispec_openai.formats import ChatFormat, CompletionFormat
 from trispec_openai.mapping import jobs
@@ -120,6 +122,8 @@ def create_app(generator: TritonGenerator, tokenizer: ServedTokenizer, served_mo
                 param="model",
                 code="model_not_found",
             )
+
+    add_admin_routes(app, generator)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:

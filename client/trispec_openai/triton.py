@@ -16,8 +16,9 @@ Several Triton replicas (``urls``): a new generation goes to the replica its lea
 salt hash to (``trispec_client.routing``: a conversation's turns meet their KV in that replica's
 prefix cache), or to the next in turn with ``routing="round-robin"``; one that cannot reach its
 replica (connection refused, overloaded) tries the others at once in its order, and a cut stream resumes on a
-ready replica (the others first) serving the same model (``model_fingerprint``); one serving
-another model refuses it, and with none left the answer is an error, never a spliced text.
+ready replica serving the same model (``model_fingerprint``), the others first in the request's order
+(``trispec_client.routing.resume_order``: the next-highest rendezvous weight keeps its affinity); one
+serving another model refuses it, and with none left the answer is an error, never a spliced text.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from trispec_client.replicas import split_urls
 from trispec_client.request import GenerationRequest
 from trispec_client.results import SpeculationStats, chunk_from_outputs
 from trispec_client.resume import DEFAULT_RESUME_TIMEOUT_S, StreamResume, looks_cut, pauses
-from trispec_client.routing import DEFAULT_PREFIX_CHARS, DEFAULT_ROUTING, Router, Routing
+from trispec_client.routing import DEFAULT_PREFIX_CHARS, DEFAULT_ROUTING, Router, Routing, resume_order
 from tritonclient.grpc import KeepAliveOptions
 from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
 from tritonclient.utils import InferenceServerException
@@ -296,7 +297,7 @@ class TritonGenerator:
             except OpenAIError as exc:
                 if state.resumed and _other_model(exc):
                     other_models.add(on)
-                    found = await self._ready_replica(self._resume_order(on), other_models)
+                    found = await self._ready_replica(resume_order(order, on), other_models)
                     if found is None:
                         message = state.refused(_as_error(exc)).message
                         raise OpenAIError(502, message, code="resume_failed") from None
@@ -327,16 +328,11 @@ class TritonGenerator:
                     resuming_since + self.resume_timeout_s,
                     waits,
                     cut.error,
-                    self._resume_order(on),
+                    resume_order(order, on),
                     other_models,
                 )
             finally:
                 await attempt.aclose()  # cancels the Triton request if it is still running
-
-    def _resume_order(self, cut_on: int) -> list[int]:
-        """After a cut on ``cut_on``: the other replicas first, then it."""
-        n = len(self.urls)
-        return [(cut_on + i) % n for i in range(1, n + 1)]
 
     async def _ready_replica(self, order: list[int], skip: set[int]) -> int | None:
         for index in order:

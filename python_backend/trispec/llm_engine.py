@@ -11,7 +11,7 @@ from trispec.request import GenerationRequest
 from trispec.runners.base import SpecRunner
 from trispec.scheduler import RequestOutput, Scheduler
 from trispec.stats import EngineStats
-from trispec.step import KVUsage
+from trispec.step import KVUsage, PrefixCacheReset
 
 
 class LLMEngine:
@@ -70,3 +70,8 @@ class LLMEngine:
 
     def kv_usage(self) -> dict[str, KVUsage]:
         return self.runner.kv_usage()
+
+    # -- an operator's reset (the thread that steps, between two steps) -------------------------
+    def reset_prefix_cache(self) -> dict[str, PrefixCacheReset]:
+        """Empty every KV pool's prefix cache; running requests go on, their text unchanged."""
+        return self.runner.reset_prefix_cache()

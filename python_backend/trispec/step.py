@@ -166,3 +166,13 @@ class KVUsage:
     @property
     def empty_blocks(self) -> int:
         return self.total_blocks - self.used_blocks - self.cached_blocks
+
+
+@dataclass(frozen=True)
+class PrefixCacheReset:
+    """What emptying one KV pool's prefix cache did (``reset_prefix_cache``): the blocks no sequence
+    held were emptied; the blocks running sequences hold stay theirs, unchanged, but no sequence
+    admitted later finds them."""
+
+    emptied_blocks: int
+    held_blocks: int

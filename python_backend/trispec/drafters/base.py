@@ -19,6 +19,7 @@ import torch
 
 from trispec.engine.base import KVUsage
 from trispec.sampling_params import SamplingParams
+from trispec.step import PrefixCacheReset
 
 if TYPE_CHECKING:
     from trispec.guided.state import GrammarState
@@ -92,6 +93,10 @@ class Drafter(Protocol):
         """The draft model's KV pool; None for drafters without one (n-gram)."""
         ...
 
+    def reset_prefix_cache(self) -> PrefixCacheReset | None:
+        """Empty the draft model's prefix cache (``Engine.reset_prefix_cache``); None without one."""
+        ...
+
 
 class StatelessDrafter:
     """Bookkeeping for a drafter without a model or KV cache (n-gram lookup, none): admission always
@@ -118,4 +123,7 @@ class StatelessDrafter:
         pass
 
     def kv_usage(self) -> KVUsage | None:
+        return None
+
+    def reset_prefix_cache(self) -> PrefixCacheReset | None:
         return None

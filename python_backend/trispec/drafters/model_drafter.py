@@ -30,6 +30,7 @@ from trispec.engine.base import Engine, ForwardInput, KVUsage
 from trispec.engine.torch_engine import TorchEngine
 from trispec.logits_rules import apply_rules
 from trispec.sampling import coupled_tokens, logits_to_probs, sample
+from trispec.step import PrefixCacheReset
 
 # tokens a draft model feeds at its first position in a steady round: the last verified token, and
 # the last accepted draft when every draft was accepted
@@ -183,3 +184,6 @@ class ModelDrafter:
 
     def kv_usage(self) -> KVUsage | None:
         return self.engine.kv_usage()
+
+    def reset_prefix_cache(self) -> PrefixCacheReset | None:
+        return self.engine.reset_prefix_cache()

@@ -13,6 +13,7 @@ from trispec.drafters.base import DraftProposal, DraftRequest
 from trispec.drafters.model_drafter import ModelDrafter
 from trispec.drafters.suffix import SuffixDrafter
 from trispec.engine.base import KVUsage
+from trispec.step import PrefixCacheReset
 
 
 class WithSuffix:
@@ -61,3 +62,6 @@ class WithSuffix:
 
     def kv_usage(self) -> KVUsage | None:
         return self.model.kv_usage()
+
+    def reset_prefix_cache(self) -> PrefixCacheReset | None:
+        return self.model.reset_prefix_cache()

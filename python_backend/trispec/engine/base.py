@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from trispec.step import KVCacheMetrics, KVUsage
+from trispec.step import KVCacheMetrics, KVUsage, PrefixCacheReset
 
 
 @dataclass(frozen=True)
@@ -88,3 +88,8 @@ class Engine(Protocol):
         ...
 
     def kv_usage(self) -> KVUsage: ...
+
+    def reset_prefix_cache(self) -> PrefixCacheReset:
+        """Empty the prefix cache (cached blocks emptied, held ones found by no later sequence)
+        without touching a running sequence (``BlockManager.reset_prefix_cache``)."""
+        ...

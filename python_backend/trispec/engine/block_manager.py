@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from trispec.engine.prefix_digest import chain, root_digest
 from trispec.engine.prefix_index import PrefixIndex
 from trispec.errors import CapacityError, ConfigError
+from trispec.step import PrefixCacheReset
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -379,3 +380,17 @@ class BlockManager:
         if seq is None:
             raise ValueError(f"unknown seq_id {seq_id}")
         return seq
+
+    # -- an operator's reset (specdec's reset_prefix_cache) ------------------------------------------
+    def reset_prefix_cache(self) -> PrefixCacheReset:
+        """Empty the prefix cache: every cached block no sequence holds becomes empty, and the blocks
+        running sequences hold leave the index (each stays its holder's, its keys and values
+        untouched; let go, it becomes empty). A sequence admitted after this finds nothing cached
+        before it. The running ones go on indexing the blocks they fill from now on (their
+        digests are kept, so they never index again what they held), and the counters stay totals."""
+        emptied = len(self._cached)
+        self.drop_cached()
+        held = self._index.blocks()  # what is left indexed is in use
+        for block in held:
+            self._index.remove(block)
+        return PrefixCacheReset(emptied, len(held))

@@ -22,6 +22,7 @@ from trispec.engine.kv_cache import BlockManager, KVCache, slots_of
 from trispec.engine.model import Transformer
 from trispec.engine.random_weights import random_state_dict
 from trispec.errors import ConfigError, InvalidInputError
+from trispec.step import PrefixCacheReset
 
 _DTYPES = {
     "float32": torch.float32,
@@ -226,6 +227,9 @@ class TorchEngine:
     def drop_prefix_cache(self) -> None:
         """Forget the cached blocks no sequence holds (benchmarks: every arm starts cold)."""
         self.blocks.drop_cached()
+
+    def reset_prefix_cache(self) -> PrefixCacheReset:
+        return self.blocks.reset_prefix_cache()
 
     def kv_cache_metrics(self, seq_id: int) -> KVCacheMetrics | None:
         context = self.blocks.context_blocks(seq_id)

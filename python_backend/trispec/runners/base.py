@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from trispec.sampling_params import SamplingParams
-from trispec.step import Admitted, KVCacheMetrics, KVUsage, SeqStep, StepPlan, StepResult
+from trispec.step import (
+    Admitted,
+    KVCacheMetrics,
+    KVUsage,
+    PrefixCacheReset,
+    SeqStep,
+    StepPlan,
+    StepResult,
+)
 
 
 class SpecRunner(Protocol):
@@ -112,6 +120,11 @@ class SpecRunner(Protocol):
 
     def kv_usage(self) -> dict[str, KVUsage]:
         """KV pools by name: ``target`` and, with a draft model, ``drafter``."""
+        ...
+
+    def reset_prefix_cache(self) -> dict[str, PrefixCacheReset]:
+        """Empty every pool's prefix cache (by pool name, as ``kv_usage``) between two steps; running
+        sequences go on unchanged. Raises ``NotImplementedError`` (saying why) where it cannot."""
         ...
 
     def kv_cache_metrics(self, seq_id: int) -> KVCacheMetrics | None:

@@ -37,6 +37,7 @@ from trispec.step import (
     Admitted,
     KVCacheMetrics,
     KVUsage,
+    PrefixCacheReset,
     SeqResult,
     SeqStep,
     StepPlan,
@@ -210,6 +211,13 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
     def kv_usage(self) -> dict[str, KVUsage]:
         pools = {"target": self.target.kv_usage()}
         draft = self.drafter.kv_usage()
+        if draft is not None:
+            pools["drafter"] = draft
+        return pools
+
+    def reset_prefix_cache(self) -> dict[str, PrefixCacheReset]:
+        pools = {"target": self.target.reset_prefix_cache()}
+        draft = self.drafter.reset_prefix_cache()
         if draft is not None:
             pools["drafter"] = draft
         return pools

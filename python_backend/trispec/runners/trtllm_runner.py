@@ -36,7 +36,16 @@ from trispec.runners.trtllm_drafting import NO_END_ID, Draft, TrtllmDrafting
 from trispec.runners.trtllm_engines import EngineInfo, context_limit, draft_room, refusal
 from trispec.runners.trtllm_executor import Completion, TrtllmExecutor
 from trispec.sampling_params import SamplingParams
-from trispec.step import Admitted, KVCacheMetrics, KVUsage, SeqResult, SeqStep, StepPlan, StepResult
+from trispec.step import (
+    Admitted,
+    KVCacheMetrics,
+    KVUsage,
+    PrefixCacheReset,
+    SeqResult,
+    SeqStep,
+    StepPlan,
+    StepResult,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +204,13 @@ class TrtllmSpecRunner:
         used = sum(-(-s.num_computed // block) for s in self._seqs.values())
         usage = KVUsage(self.kv_tokens // block, min(used, self.kv_tokens // block), block)
         return {"target": usage, "drafter": usage} if self.draft is not None else {"target": usage}
+
+    def reset_prefix_cache(self) -> dict[str, PrefixCacheReset]:
+        # the reuse cache is the executors' own, inside TensorRT-LLM; this runner has no call into it
+        raise NotImplementedError(
+            "the TensorRT-LLM runner (engine.kind trtllm) cannot empty its executors' KV reuse cache; "
+            "restart the server to empty it"
+        )
 
     # -- the step ----------------------------------------------------------------------------
     def run(self, plan: StepPlan) -> StepResult:

@@ -24,6 +24,7 @@ from trispec.errors import Overloaded
 from trispec.llm_engine import LLMEngine
 from trispec.scheduler import RequestOutput
 from trispec.sequence import FinishReason
+from trispec.serving.admin import answer, run_reset
 from trispec.serving.heartbeat import Heartbeat
 from trispec.serving.live import ErrorKind, Group, Live, ResponseSink, groups
 from trispec.serving.tensors import (
@@ -74,6 +75,10 @@ class LoopMetrics(Protocol):
         """A request that resumes a stream the server cut (it carried ``skip_output_tokens``)."""
         ...
 
+    def record_prefix_cache_reset(self) -> None:
+        """An operator emptied the prefix cache (``reset_prefix_cache``)."""
+        ...
+
 
 class ServingLoop:
     def __init__(
@@ -92,6 +97,8 @@ class ServingLoop:
             # streamed as long (scheduler: ``_admit_urgent``)
             engine.admit_urgently_after(limits.max_queue_delay_s / 2)
         self._live: dict[int, Live] = {}
+        # operators' resets of the prefix cache waiting for the loop thread, each the sink it answers
+        self._resets: list[ResponseSink] = []
         # latencies seen while dispatching this round's outputs, for its report (loop thread only)
         self._ttft_s: list[float] = []
         self._inter_token_s: list[float] = []
@@ -156,6 +163,15 @@ class ServingLoop:
                 logger.exception("recording a resumed stream failed")
         return group.request_ids
 
+    def reset_prefix_cache(self, sink: ResponseSink) -> None:
+        """Queue an operator's reset of the prefix cache (``serving/admin.py``): the loop thread runs
+        it before its next step, never during one, and answers ``sink`` once."""
+        if self._stopping.is_set():
+            raise Overloaded("shutting_down", "the model is shutting down")
+        with self._lock:
+            self._resets.append(sink)
+        self._wake.set()
+
     def reject(self, reason: str, request_id: str, message: str) -> None:
         """Account a refused request: one INFO line (never the prompt) and the metric."""
         logger.info("refused request %s (%s): %s", request_id or "-", reason, message)
@@ -180,8 +196,11 @@ class ServingLoop:
             self.heartbeat.remove()
         with self._lock:
             live, self._live = self._live, {}
+            resets, self._resets = self._resets, []
         for group in groups(live.values()):
             self._send_error(group, "the model is shutting down", "unavailable")
+        for sink in resets:
+            answer(sink, ("the model is shutting down", "unavailable"))
 
     # -- the loop thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -190,6 +209,8 @@ class ServingLoop:
         while not self._stopping.is_set():
             if self.heartbeat is not None:
                 self.heartbeat.beat()
+            if self._resets:
+                self._reset_prefix_cache()
             if not self.engine.has_work():
                 self._wake.wait(timeout=0.1)
                 self._wake.clear()
@@ -206,6 +227,20 @@ class ServingLoop:
             finished = self._dispatch(outputs)
             if self.metrics is not None:
                 self._record(latency, finished)
+
+    def _reset_prefix_cache(self) -> None:
+        """Run the queued resets at once (one is as good as several) and answer each."""
+        with self._lock:
+            sinks, self._resets = self._resets, []
+        outcome = run_reset(self.engine)
+        if isinstance(outcome, dict) and self.metrics is not None:
+            try:
+                self.metrics.record_prefix_cache_reset()
+            except Exception:
+                logger.exception("recording a prefix-cache reset failed")
+            self._record(None, [])  # the pools' gauges at once, busy or idle
+        for sink in sinks:
+            answer(sink, outcome)
 
     def _check_cancellations(self) -> None:
         with self._lock:

@@ -128,6 +128,13 @@ class TritonMetrics:
             counter,
             "Requests resuming a stream the server cut (they carried skip_output_tokens)",
         )
+        # the prefix-cache counters above are totals since start and never go back (a reset empties the
+        # cache, not the history: rate() over them stays right); this says when an operator emptied it
+        self.prefix_cache_resets = metric(
+            "specdec_prefix_cache_resets_total",
+            counter,
+            "Times an operator emptied the prefix cache (reset_prefix_cache, every pool at once)",
+        )
         self._accepted_at: list[Any] = []
         self._drafted_at: list[Any] = []
         self._planned: list[Any] = []
@@ -146,6 +153,9 @@ class TritonMetrics:
 
     def record_resumed(self) -> None:
         self.resumed_streams.increment(1)
+
+    def record_prefix_cache_reset(self) -> None:
+        self.prefix_cache_resets.increment(1)
 
     def record_model(self, fingerprint: str, numerics: str) -> None:
         """``specdec_model_info{fingerprint, numerics} 1``: which model this replica serves (two

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ ADMIN_APIS = ("shared-memory", "model-repository", "trace", "logging")
 ADMIN_KEY_HEADER = "specdec-admin-key"
 # over gRPC Triton reads the restricted-protocol header under this prefix
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+# the stubs' environment: the admin key's SHA-256 (hex), or OPEN_ADMIN (the admin APIs need no key);
+# an operator's reset of the prefix cache is checked against it (serving/admin.py)
+ADMIN_KEY_DIGEST_ENV = "SPECDEC_ADMIN_KEY_SHA256"
+OPEN_ADMIN = "open"
 
 
 def build_command(
@@ -55,7 +60,13 @@ def build_command(
         f"--backend-config=python,shm-region-prefix-name={prefix}",
         f"--log-verbose={options.log_verbose}",
         *restricted_api_flags(options.admin_key),
+        *header_forward_flags(),
     ]
+
+
+def admin_key_digest(admin_key: str | None) -> str:
+    """What ``ADMIN_KEY_DIGEST_ENV`` holds for a server started with ``admin_key`` (None: open)."""
+    return OPEN_ADMIN if admin_key is None else hashlib.sha256(admin_key.encode("utf-8")).hexdigest()
 
 
 def restricted_api_flags(admin_key: str | None) -> list[str]:
@@ -64,6 +75,15 @@ def restricted_api_flags(admin_key: str | None) -> list[str]:
         return []
     rule = f"{','.join(ADMIN_APIS)}:{ADMIN_KEY_HEADER}={admin_key}"
     return [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
+
+
+def header_forward_flags() -> list[str]:
+    """Triton's options that hand the admin-key header of an inference request to the model as a
+    request parameter (an operator's reset carries it: ``serving/admin.py``): gRPC metadata of that
+    name, and an HTTP header on ``/infer`` (Triton 2.51's HTTP ``generate`` forwards no header: there
+    the key comes as the body's key of that name, a request parameter of itself)."""
+    pattern = f"^{ADMIN_KEY_HEADER}$"
+    return [f"--http-header-forward-pattern={pattern}", f"--grpc-header-forward-pattern={pattern}"]
 
 
 def probe_host(host: str) -> str:

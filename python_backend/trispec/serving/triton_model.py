@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trispec.errors import InvalidInputError, Overloaded
+from trispec.serving.admin import RESET_INPUT, admin_key_of, authorize, check_reset_alone
 from trispec.serving.loop import ErrorKind, Heartbeat, QueueLimits, ServingLoop
 from trispec.serving.tensors import as_tensor_error, check_one_response, check_parameters, parse_batch
+from trispec.serving.triton_command import ADMIN_KEY_DIGEST_ENV
 from trispec.serving.tritonserver import HEARTBEAT_DIR_ENV
 
 if TYPE_CHECKING:
@@ -146,6 +148,8 @@ class TritonPythonModel:
         self.max_prompt_bytes = config.serving.max_prompt_bytes
         self.require_cache_salt = config.serving.require_cache_salt
         self.resume_refusal = exact_resume_refusal(config)
+        # specdec-serve's: what an operator's reset of the prefix cache is checked against
+        self.admin_key_digest = os.environ.get(ADMIN_KEY_DIGEST_ENV)
         limits = QueueLimits(config.scheduler.max_waiting, config.scheduler.max_queue_delay_s)
         # specdec-serve's supervisor watches this file (see tritonserver.HEARTBEAT_DIR_ENV)
         beats = os.environ.get(HEARTBEAT_DIR_ENV)
@@ -176,7 +180,12 @@ class TritonPythonModel:
                 return None if tensor is None else tensor.as_numpy()
 
             try:
-                check_parameters(request.parameters())
+                admin_key, parameters = admin_key_of(request.parameters())
+                reset = get(RESET_INPUT)
+                if reset is not None and reset.any():  # an operator's, not a generation
+                    self._reset_prefix_cache(request, admin_key, sink)
+                    continue
+                check_parameters(parameters)
                 rows = parse_batch(
                     get,
                     self.defaults,
@@ -202,6 +211,12 @@ class TritonPythonModel:
         # every other response is sent by the loop thread (not decoupled too: the response sender then
         # takes exactly one response per request, with the final flag)
         return None
+
+    def _reset_prefix_cache(self, request: Any, admin_key: str | None, sink: TritonResponseSink) -> None:
+        """Queue an operator's reset (``serving/admin.py``) once its key is checked."""
+        check_reset_alone([tensor.name() for tensor in request.inputs()])
+        authorize(admin_key, self.admin_key_digest)
+        self.loop.reset_prefix_cache(sink)
 
     def finalize(self) -> None:
         self.loop.stop()

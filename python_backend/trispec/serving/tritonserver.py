@@ -41,9 +41,11 @@ from trispec.serving.stubs import (
 )
 from trispec.serving.triton_command import (
     ADMIN_APIS,
+    ADMIN_KEY_DIGEST_ENV,
     ADMIN_KEY_HEADER,
     GRPC_HEADER_PREFIX,
     ServerOptions,
+    admin_key_digest,
     build_command,
     is_ready,
     probe_host,
@@ -148,7 +150,12 @@ class TritonServer:
         try:
             self._process = subprocess.Popen(
                 command,
-                env={**server_environment(self.install), HEARTBEAT_DIR_ENV: str(self.heartbeat_dir)},
+                env={
+                    **server_environment(self.install),
+                    HEARTBEAT_DIR_ENV: str(self.heartbeat_dir),
+                    # what the model checks an operator's reset against (serving/admin.py)
+                    ADMIN_KEY_DIGEST_ENV: admin_key_digest(self.options.admin_key),
+                },
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT if self._log is not None else None,

@@ -145,6 +145,14 @@ INPUTS: tuple[TensorSpec, ...] = (
         status="extension",
         why="prefix-cache isolation: blocks are shared only among requests with the same salt",
     ),
+    # ours (vLLM's route name): an operator's request, alone and behind the admin key
+    # (serving/admin.py); false asks for nothing
+    TensorSpec(
+        "reset_prefix_cache",
+        "TYPE_BOOL",
+        status="extension",
+        why="true, alone: empty the prefix cache (every KV pool), behind the admin key",
+    ),
 )
 
 OUTPUTS: tuple[TensorSpec, ...] = (
