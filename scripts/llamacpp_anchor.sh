@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llama.cpp's own speed on the GGUF files we run, to read our figures against (issue 36). Not in CI.
 #
-# Builds llama.cpp from the source vendored in the llama-cpp-python sdist (pip download --no-binary;
+# Builds llama.cpp from the source vendored in the llama-cpp-python sdist (its sdist from PyPI;
 # cmake + ninja, ~5 minutes on 2 cores) into a cache directory outside the repository, once; then runs
 # llama-bench on each file: prompt processing of 111 tokens (pp111, the time to a first token), and
 # plain decoding of 64 tokens (tg64) from an empty context and at a depth of 256.
@@ -26,6 +26,7 @@ while [ $# -gt 0 ]; do
 done
 
 here=$(cd "$(dirname "$0")/.." && pwd)
+. "$here/scripts/llamacpp_source.sh"
 cache=${SPECDEC_CACHE_DIR:-$HOME/.cache/specdec}
 version=${LLAMACPP_PY_VERSION:-0.3.36}
 python=${PYTHON:-$here/.venv/bin/python}
@@ -36,11 +37,7 @@ bench=$build/bin/llama-bench
 
 if [ ! -x "$bench" ]; then
     mkdir -p "$root"
-    if [ ! -d "$src" ]; then
-        echo "downloading the llama-cpp-python $version sdist into $root" >&2
-        "$python" -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$version" -d "$root"
-        tar -xzf "$root/llama_cpp_python-$version.tar.gz" -C "$root"
-    fi
+    PYTHON=$python llamacpp_source "$root" "$version"
     echo "building llama-bench in $build (a few minutes)" >&2
     # GGML_NATIVE: this CPU's own ISA (AVX-512 VNNI where it has it), as a local build does
     configure() {

@@ -3,7 +3,7 @@
 # (issue 40). Not in CI.
 #
 # Builds llama-server from the source vendored in the llama-cpp-python sdist, as
-# scripts/llamacpp_anchor.sh builds llama-bench (pip download --no-binary; cmake + ninja, a few
+# scripts/llamacpp_anchor.sh builds llama-bench (its sdist from PyPI; cmake + ninja, a few
 # minutes on 2 cores), into its own build directory in the cache, once; then prints the binary's path.
 #
 #   scripts/llamacpp_server.sh            # prints e.g. ~/.cache/specdec/llamacpp/build-server-0.3.36/bin/llama-server
@@ -19,6 +19,7 @@ set -euo pipefail
 case "${1:-}" in -h|--help) sed -n 2,17p "$0"; exit 0 ;; esac
 
 here=$(cd "$(dirname "$0")/.." && pwd)
+. "$here/scripts/llamacpp_source.sh"
 cache=${SPECDEC_CACHE_DIR:-$HOME/.cache/specdec}
 version=${LLAMACPP_PY_VERSION:-0.3.36}
 python=${PYTHON:-$here/.venv/bin/python}
@@ -29,11 +30,7 @@ server=$build/bin/llama-server
 
 if [ ! -x "$server" ]; then
     mkdir -p "$root"
-    if [ ! -d "$src" ]; then
-        echo "downloading the llama-cpp-python $version sdist into $root" >&2
-        "$python" -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$version" -d "$root"
-        tar -xzf "$root/llama_cpp_python-$version.tar.gz" -C "$root"
-    fi
+    PYTHON=$python llamacpp_source "$root" "$version"
     echo "building llama-server in $build (a few minutes)" >&2
     # GGML_NATIVE: this CPU's own ISA, as a local build does; no curl (models are local files)
     flags=""
