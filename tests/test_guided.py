@@ -225,14 +225,6 @@ def test_a_complete_grammar_with_no_end_id_ends_the_request() -> None:
     assert (text, last.finish_reason) == ("abc", FinishReason.STOP)
 
 
-def test_a_dead_end_ends_with_a_clear_reason_and_no_nan() -> None:
-    # the grammar allows only "a" then "b"; bad_words forbids "b" after "a": nothing is allowed there
-    text, last = _one(Guide("regex", "ab"), bad_words=["ab"], max_tokens=20)
-    assert text == "a"
-    assert last.finish_reason is FinishReason.GRAMMAR_DEAD_END
-    assert "grammar allows no token" in last.error
-
-
 @pytest.mark.parametrize(
     ("guide", "field", "reason"),
     [
