@@ -5,6 +5,8 @@ grammar's matcher survives whatever its draft checks meet (guided/state.py)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from tiny import TINY_VOCAB, byte_tokenizer, model_drafter, run_to_completion, spec_engine, tiny_engine
@@ -50,6 +52,31 @@ def test_an_end_id_the_grammar_needs_as_text_is_text_there(
 ) -> None:
     text, last = _answer(Guide("regex", regex), drafter, end_id=_id(end))
     assert (text, last.finish_reason, last.error) == (want, FinishReason.STOP, None)
+
+
+@pytest.mark.parametrize("rule", ["coupled", "rejection"])
+def test_sampled_the_end_id_is_text_inside_and_the_end_after_whatever_k(rule: str) -> None:
+    regex = "[a-d]{2}\n[a-d]{2}(\n[a-d])?"
+    texts = set()
+    for k in (0, 4):
+        llm = spec_engine(tiny_engine(0), model_drafter(1), sampling_rule=rule)
+        guide = Guide("regex", regex)
+        request = GenerationRequest(
+            prompt="go",
+            max_tokens=20,
+            num_draft_tokens=k,
+            guide=guide,
+            end_id=_id("\n"),
+            temperature=0.9,
+            seed=3,
+        )
+        rid = llm.add_request(request)
+        outs = run_to_completion(llm)[rid]
+        text = "".join(o.new_text for o in outs)
+        # the newline inside is text; after the fifth letter the grammar may end: a newline ends it
+        assert re.fullmatch("[a-d]{2}\n[a-d]{2}", text) and outs[-1].finish_reason is FinishReason.STOP, text
+        texts.add(text)
+    assert len(texts) == 1 or rule == "rejection", texts  # the rejection rule's draws depend on k
 
 
 def test_where_the_grammar_may_end_the_end_id_ends_it() -> None:
