@@ -5,16 +5,20 @@ grammar's matcher survives whatever its draft checks meet (guided/state.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
 import pytest
 from tiny import TINY_VOCAB, byte_tokenizer, model_drafter, run_to_completion, spec_engine, tiny_engine
+from trispec import verifier
+from trispec.accept import AcceptResult
 from trispec.drafters.ngram import NgramDrafter
 from trispec.guided import Guide
 from trispec.guided.compiler import GrammarCompiler
 from trispec.guided.state import NO_ALLOWED_TOKEN, GrammarError, GrammarState
 from trispec.request import GenerationRequest
+from trispec.runners import torch_runner
 from trispec.sequence import FinishReason
 
 TOK = byte_tokenizer()
@@ -186,3 +190,26 @@ def test_an_output_token_the_grammar_refuses_is_an_error_naming_it() -> None:
     # the matcher keeps the tokens before, in no error state: the rest of the grammar still works
     assert not state.matcher.is_error()
     assert state.check_drafts(TOK.encode("b1", add_bos=False))[0] == 2
+
+
+def test_a_verified_token_the_grammar_refuses_fails_the_request_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runner slip that verifies a token the grammar refuses: the request fails there, saying which
+    token, rather than ending later at a dead end the matcher's error state made."""
+    real, refused = torch_runner.verify_round, _id("x")
+
+    def first_token_wrong(*args: object, **kw: object) -> list[verifier.Verified]:
+        out = real(*args, **kw)  # type: ignore[arg-type]
+        if not first_token_wrong.done:  # type: ignore[attr-defined]
+            first_token_wrong.done = True  # type: ignore[attr-defined]
+            out[0] = dataclasses.replace(out[0], accepted=AcceptResult(0, [refused]))
+        return out
+
+    first_token_wrong.done = False  # type: ignore[attr-defined]
+    monkeypatch.setattr(torch_runner, "verify_round", first_token_wrong)
+    _, last = _answer(Guide("regex", "(ab|cd)[0-9]{4}"), "none")
+    assert last.finish_reason is FinishReason.ERROR, last
+    assert (
+        f"GrammarError: the grammar refused output token {refused} ('x') at output position 0" in last.error
+    )
