@@ -84,6 +84,7 @@ SHARED_SERVER_FILES = frozenset(
     (
         "test_server_streams.py",
         "test_server_cancel.py",
+        "test_server_guided.py",
         "test_server_refusals.py",
         "test_server_prefix_reset.py",
         "test_server_stub_killed.py",

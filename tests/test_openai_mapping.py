@@ -192,6 +192,44 @@ def test_structure_of_maps_response_format_and_tools() -> None:
         assert refused.value.status == 400 and refused.value.param == param
 
 
+def test_strict_refuses_what_openais_strict_mode_refuses() -> None:
+    """OpenAI's Supported schemas under ``strict``: an object root, additionalProperties false and
+    every property required in every object; refused with OpenAI's wording, the field named."""
+    from trispec_openai.structured import structure_of
+
+    where = {"type": "object", "properties": {"lat": {"type": "number"}}, "required": ["lat"]}
+    nested = CITY | {
+        "properties": {**CITY["properties"], "where": where},
+        "required": ["city", "population", "where"],
+    }  # type: ignore[dict-item]
+    refusals = (
+        (
+            {k: v for k, v in CITY.items() if k != "additionalProperties"},
+            "context=(), 'additionalProperties'",
+        ),
+        (CITY | {"required": ["city"]}, "every key in properties. Missing 'population'"),
+        (nested, "context=('properties', 'where'), 'additionalProperties' is required"),
+        ({"anyOf": [CITY]}, "the root must be an object"),
+    )
+    for schema, message in refusals:
+        spec = {"name": "city", "schema": schema, "strict": True}
+        with pytest.raises(OpenAIError) as refused:
+            structure_of({"type": "json_schema", "json_schema": spec}, None, None, "")
+        assert (refused.value.status, refused.value.param) == (400, "response_format")
+        assert "Invalid schema for response_format 'city'" in refused.value.message
+        assert message in refused.value.message, refused.value.message
+        # without strict the same schema is served (and enforced as TensorRT-LLM's xgrammar reads it)
+        loose = structure_of({"type": "json_schema", "json_schema": spec | {"strict": False}}, None, None, "")
+        assert loose.guide_type == "json_schema"
+    assert structure_of(CITY_FORMAT, None, None, "").guide_type == "json_schema"  # strict and conforming
+    function = {**WEATHER["function"], "strict": True, "parameters": {"type": "object", "properties": {}}}  # type: ignore[dict-item]
+    with pytest.raises(OpenAIError) as refused:
+        structure_of(None, [{"type": "function", "function": function}], "required", "")
+    assert refused.value.param == "tools" and "function 'get_weather'" in refused.value.message
+    with pytest.raises(OpenAIError, match="strict: must be a boolean"):
+        structure_of({"type": "json_schema", "json_schema": {"name": "c", "strict": "yes"}}, None, None, "")
+
+
 @pytest.mark.real_model
 def test_alternatives_are_named_by_their_tokens_bytes(served_tokenizer: ServedTokenizer) -> None:
     encode = served_tokenizer.tokenizer.backend.encode

@@ -39,6 +39,7 @@ def _engine(tmp: Path, tok: Tokenizer) -> LLMEngine:
     from trispec.runners.trtllm_executor import TrtllmExecutor
 
     runner.target = TrtllmExecutor(tmp / "t", kv_cache_tokens=4096, guided_vocab=guided_vocab(tok))
+    runner.end_id = min(tok.eos_ids)  # as trtllm_setup makes the runner: the tokenizer's end token
     sched = Scheduler(
         runner,
         SchedulerConfig(adaptive_speculation=False, default_num_draft_tokens=4),
@@ -90,3 +91,29 @@ def test_a_structural_tag_is_refused_before_it_reaches_the_runtime(tmp_path: Pat
         llm.add_request(GenerationRequest(prompt="x", num_draft_tokens=0, guide=Guide("structural_tag", tag)))
     assert refused.value.field == "guided_decoding_guide_type" and "kSTRUCTURAL_TAG" in refused.value.message
     assert not llm.has_work() and not trtllm_bindings.Executor.enqueued
+
+
+@pytest.mark.parametrize("end", ["\n", None], ids=["newline", "none"])
+def test_the_runtime_ends_where_the_grammar_may_end_not_on_an_end_id_it_needs_as_text(
+    tmp_path: Path, trtllm_bindings, end: str | None
+) -> None:  # type: ignore[no-untyped-def]
+    """TensorRT-LLM's decoder stops on the request's end id wherever it comes; its xgrammar allows
+    the tokenizer's end token where the grammar may end. A guided request therefore carries the
+    tokenizer's end token: a newline end id the regex needs is text, and the answer is complete (a
+    request without end id included), as on the torch runner."""
+    tok = _tokenizer()
+    guide = Guide("regex", r"(yes|no)\n[0-9]{2}")
+    end_id = tok.encode(end, add_bos=False)[0] if end is not None else -1
+    llm = _engine(tmp_path, tok)
+    rid = llm.add_request(GenerationRequest(prompt="answer:", max_tokens=12, guide=guide, end_id=end_id))
+    outs = drain(llm)
+    text = "".join(o.new_text for o in outs[rid])
+    assert re.fullmatch(guide.text, text) and outs[rid][-1].finish_reason.value == "stop", text
+    (sent,) = [r for r in trtllm_bindings.Executor.enqueued if r.guided_decoding_params is not None]
+    assert sent.end_id == 256  # the grammar's stop token (GuidedDecodingConfig.stop_token_ids)
+    ours = spec_engine(tiny_engine(0), None, tokenizer=tok)
+    request = GenerationRequest(
+        prompt="answer:", max_tokens=12, num_draft_tokens=0, guide=guide, end_id=end_id
+    )
+    rid = ours.add_request(request)
+    assert "".join(o.new_text for o in run_to_completion(ours)[rid]) == text

@@ -1,8 +1,10 @@
 """OpenAI's structured output and tools → the model's guided-decoding tensors, and text → ``tool_calls``.
 
 * ``response_format`` ``json_object``: any JSON object; ``json_schema``: its ``schema`` (strict or not,
-  the schema is always enforced: every token is masked by it); ``structural_tag``: free text in which
-  each structure (``begin``, ``schema``, ``end``) after one of its ``triggers`` is constrained.
+  the schema is always enforced: every token is masked by it, as TensorRT-LLM's xgrammar reads it;
+  ``strict: true`` also refuses a schema outside OpenAI's strict subset: strict.py);
+  ``structural_tag``: free text in which each structure (``begin``, ``schema``, ``end``) after one of
+  its ``triggers`` is constrained.
 * ``tools`` with ``tool_choice`` ``"required"``: the answer is ``{"name": ..., "arguments": {...}}`` for
   one of the tools, constrained to that tool's ``parameters``; a named function
   (``{"type": "function", "function": {"name": ...}}``): the answer is that function's arguments.
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trispec_openai.errors import invalid, unsupported
+from trispec_openai.strict import check_strict, strict_flag
 
 # where a chat template writes tool calls as <tool_call>{json}</tool_call> (Hermes, Qwen 2.5)
 TOOL_CALL_TAG = "<tool_call>"
@@ -83,6 +86,8 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict):
             raise invalid(f"tools[{i}].function.parameters: must be a JSON Schema object", "tools")
+        if strict_flag(function, f"tools[{i}].function", "tools"):
+            check_strict(parameters, f"function '{name}'", "tools")
         functions[name] = parameters
     return functions
 
@@ -104,6 +109,8 @@ def _response_format(response_format: dict[str, Any]) -> Structure:
             raise invalid(
                 "response_format.json_schema.schema: must be a JSON Schema object", "response_format"
             )
+        if strict_flag(spec, "response_format.json_schema", "response_format"):
+            check_strict(schema, f"response_format '{spec['name']}'", "response_format")
         return Structure("json_schema", json.dumps(schema))
     if kind == "structural_tag":  # vLLM's and trtllm-serve's: the structures and their triggers
         spec = {k: response_format.get(k) for k in ("structures", "triggers")}

@@ -20,10 +20,16 @@ from trispec.step import TokenAlternatives
 
 
 def apply_rules(
-    logits: torch.Tensor, params: SamplingParams, context: Sequence[int], drafts: Sequence[int] = ()
+    logits: torch.Tensor,
+    params: SamplingParams,
+    context: Sequence[int],
+    drafts: Sequence[int] = (),
+    may_end: Sequence[bool] | None = None,
 ) -> torch.Tensor:
     """``logits`` ``[n, V]`` for the positions after ``context``, ``context + drafts[:1]``, ... ->
-    new float32 logits with the request's rules applied (the input is not modified)."""
+    new float32 logits with the request's rules applied (the input is not modified). ``may_end``: a
+    guided request's rows, whether its grammar may end there (``GuidedRows``): elsewhere an end id can
+    only be text, which ``min_tokens`` does not hold back."""
     out = logits.float().clone()
     vocab_size = out.shape[-1]
     rows = out.shape[0]
@@ -45,14 +51,48 @@ def apply_rules(
             out -= params.frequency_penalty * counts
     for row in range(rows):
         row_context = tokens[: len(context) + row]
-        if params.min_tokens and len(row_context) - params.prompt_len < params.min_tokens:
+        if _holds_back_end(params, row_context, may_end is None or may_end[row]):
             for end_id in params.end_ids:
                 out[row, end_id] = -math.inf
         for word in params.bad_words_ids:
-            head = list(word[:-1])
-            if not head or row_context[len(row_context) - len(head) :] == head:
+            if _completes(word, row_context):
                 out[row, word[-1]] = -math.inf
     return out
+
+
+def forbidding_rules(
+    params: SamplingParams, context: Sequence[int], tokens: Sequence[int], may_end: bool = True
+) -> list[str]:
+    """The request's rules that took ``tokens`` (a guided row's allowed tokens, all at -inf after
+    :func:`apply_rules`) out at the position after ``context``, by their request field: what emptied
+    the row. ``logits`` when none of them did (the model's own logits were -inf)."""
+    bias = dict(params.logit_bias)
+    rules: list[str] = []
+    for token in tokens:
+        if token in params.end_ids and _holds_back_end(params, context, may_end):
+            rule = "min_tokens"
+        elif any(word[-1] == token and _completes(word, context) for word in params.bad_words_ids):
+            rule = "bad_words"
+        elif token in bias:
+            rule = "logit_bias"
+        elif params.penalised:
+            rule = "repetition_penalty/presence_penalty/frequency_penalty"
+        else:
+            rule = "logits"
+        if rule not in rules:
+            rules.append(rule)
+    return rules
+
+
+def _holds_back_end(params: SamplingParams, context: Sequence[int], may_end: bool) -> bool:
+    """``min_tokens`` forbids the end ids after ``context`` (not where they can only be text)."""
+    return bool(params.min_tokens) and may_end and len(context) - params.prompt_len < params.min_tokens
+
+
+def _completes(word: Sequence[int], context: Sequence[int]) -> bool:
+    """A bad word's last token would complete it after ``context``."""
+    head = list(word[:-1])
+    return not head or list(context[len(context) - len(head) :]) == head
 
 
 def _counts_per_row(tokens: list[int], context_len: int, rows: int, vocab_size: int) -> torch.Tensor:

@@ -99,9 +99,12 @@ class SeqResult:
     top_log_probs: list[TokenAlternatives] | None = None
     # prompt tokens this step's feed scored, when the request asked for prompt log-probs
     prompt_log_probs: PromptLogProbs | None = None
-    # a guided sequence the grammar ended with no token: GRAMMAR_COMPLETE (satisfied, no end id to
-    # emit), else why no token was allowed (a dead end)
+    # a guided sequence the grammar ended: GRAMMAR_COMPLETE (satisfied, no end id to emit; after
+    # ``new_token_ids``, which may be none), else why no token was allowed (a dead end, no token)
     grammar_end: str | None = None
+    # positions in ``new_token_ids`` of end ids a guided sequence's grammar took as text there (where
+    # it may not end): they do not end the request
+    end_ids_as_text: tuple[int, ...] = ()
 
 
 GRAMMAR_COMPLETE = "complete"

@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from trispec.accept import AcceptResult, accept_matching, speculative_accept
 from trispec.drafters.base import DraftProposal
-from trispec.guided.state import mask_rows
-from trispec.logits_rules import apply_rules, log_probs_with_alternatives
+from trispec.guided.state import GuidedRows, mask_rows
+from trispec.logits_rules import apply_rules, forbidding_rules, log_probs_with_alternatives
 from trispec.sampling import coupled_tokens, logits_to_probs
 from trispec.sampling_params import SamplingParams
 from trispec.step import PromptLogProbs, SeqStep, TokenAlternatives
@@ -31,6 +32,10 @@ class Verified:
     accepted: AcceptResult
     log_probs: list[float] | None = None
     top_log_probs: list[TokenAlternatives] | None = None
+    # a guided sequence given no token because the request's rules (bad_words, min_tokens,
+    # logit_bias, ...) forbade every token its grammar allowed: which rules (None: the grammar
+    # itself allowed nothing, or it was given tokens)
+    dead_end: str | None = None
 
 
 def verify_round(
@@ -38,19 +43,22 @@ def verify_round(
     drafts: Sequence[DraftProposal],
     logits: Sequence[torch.Tensor],
     generators: Mapping[int, torch.Generator | None],
-    masks: Sequence[torch.Tensor | None] | None = None,
+    masks: Sequence[GuidedRows | None] | None = None,
 ) -> list[Verified]:
     """``logits[i]`` ``[k_i + 1, V]``: row j scores draft j of ``decodes[i]``, row k_i its bonus
     position. Returns each sequence's accepted tokens and, when its request asks for them, their
     log-probabilities under the target's distribution (and the most likely tokens beside each). A
-    guided sequence's rows are masked by its grammar first (``masks[i]``, ``[k_i + 1, V]``); where
+    guided sequence's rows are masked by its grammar first (``masks[i]``, ``k_i + 1`` rows); where
     its first row allows no token it gets no token at all (the grammar ended it)."""
+    guides = masks if masks is not None else [None] * len(decodes)
     shaped = [
-        apply_rules(rows, s.sampling, s.token_ids, d.tokens) if s.sampling.shapes_logits else rows
-        for s, d, rows in zip(decodes, drafts, logits, strict=True)
+        apply_rules(rows, s.sampling, s.token_ids, d.tokens, None if g is None else g.may_end)
+        if s.sampling.shapes_logits
+        else rows
+        for s, d, rows, g in zip(decodes, drafts, logits, guides, strict=True)
     ]
     drafts = list(drafts)
-    ended = _apply_masks(decodes, shaped, drafts, masks) if masks is not None else set()
+    ended = _apply_masks(decodes, shaped, drafts, masks) if masks is not None else {}
     accepted: list[AcceptResult | None] = [None] * len(decodes)
     for i in ended:
         accepted[i] = AcceptResult(num_accepted=0, tokens=[])
@@ -74,7 +82,7 @@ def verify_round(
     for i, s in enumerate(decodes):
         probs = None
         if i in ended:
-            results.append(Verified(accepted[i]))
+            results.append(Verified(accepted[i], dead_end=ended[i]))
             continue
         if s.sampling.samples_by_rejection:
             probs = logits_to_probs(shaped[i], s.sampling)
@@ -116,25 +124,26 @@ def _apply_masks(
     decodes: Sequence[SeqStep],
     shaped: list[torch.Tensor],
     drafts: list[DraftProposal],
-    masks: Sequence[torch.Tensor | None],
-) -> set[int]:
-    """Mask guided rows in place; returns the sequences whose first row allows nothing. A later row
-    that allows nothing (a draft led the grammar into a dead end) cuts the drafts before that draft:
-    the target then meets the dead end as plain decoding would, at the next round's first row."""
-    ended = set()
+    masks: Sequence[GuidedRows | None],
+) -> dict[int, str | None]:
+    """Mask guided rows in place; returns the sequences whose first row allows nothing, each with
+    the request's rules that emptied it (None: its grammar allowed nothing). A later row that allows
+    nothing (a draft led the grammar into a dead end) cuts the drafts before that draft: the target
+    then meets the dead end as plain decoding would, at the next round's first row."""
+    ended: dict[int, str | None] = {}
     for i, mask in enumerate(masks):
         if mask is None:
             continue
         rows = mask_rows(shaped[i], mask)
+        allowed = mask.allowed.numpy()[: rows.shape[0]]
         # a row is dead where the grammar allows nothing, or the request's rules forbade all it allows
+        # (without rules numpy: one small torch op per sequence costs a thread-pool wake-up on a busy
+        # machine)
         ruled = decodes[i].sampling.shapes_logits
-        if ruled:
-            alive = torch.isfinite(rows).any(dim=-1).tolist()
-        else:  # numpy: one small torch op per sequence costs a thread-pool wake-up on a busy machine
-            alive = mask.numpy()[: rows.shape[0]].any(axis=1).tolist()
+        alive = torch.isfinite(rows).any(dim=-1).tolist() if ruled else allowed.any(axis=1).tolist()
         dead = next((j for j, ok in enumerate(alive) if not ok), len(alive))
         if dead == 0:
-            ended.add(i)
+            ended[i] = _ruled_out(decodes[i], allowed[0], mask.may_end[0]) if ruled else None
         elif dead < len(alive):
             keep = dead - 1
             probs = drafts[i].probs
@@ -142,3 +151,17 @@ def _apply_masks(
             rows = rows[: keep + 1]
         shaped[i] = rows
     return ended
+
+
+def _ruled_out(s: SeqStep, allowed: np.ndarray, may_end: bool) -> str | None:
+    """Why a guided sequence's first row is empty when its grammar allows tokens there: the rules
+    that forbade them all (None: the grammar allows nothing)."""
+    tokens = allowed.nonzero()[0].tolist()
+    if not tokens:
+        return None
+    rules = forbidding_rules(s.sampling, s.token_ids, tokens, may_end)
+    verb = "forbids" if len(rules) == 1 else "forbid"
+    return (
+        f"no token is allowed here: {' and '.join(rules)} {verb} every token the grammar allows "
+        f"({len(tokens)})"
+    )

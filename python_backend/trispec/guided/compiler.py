@@ -19,11 +19,8 @@ import tokenizers
 
 from trispec.errors import InvalidInputError
 from trispec.guided.spec import Guide
+from trispec.guided.xgrammar_json import JSON_OPTIONS, xgrammar_schema
 
-# compact JSON (no whitespace between tokens, "," and ":" as separators), as OpenAI's structured
-# outputs and xgrammar's default strict JSON: a model cannot pad its answer with whitespace forever,
-# and the grammar forces longer runs (keys, separators) that it then drafts
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
 DEFAULT_CACHE_SIZE = 256
 # added to a tokenizer that has no end-of-sequence token: llguidance needs one to say "complete"
 GUIDE_END_TOKEN = "<|guided_end|>"
@@ -111,8 +108,8 @@ def structural_tag_grammar(text: str, field: str, special: frozenset[str] = froz
             raise InvalidInputError(
                 field, f"structural tag: structures[{i}].begin {begin!r} starts with none of the triggers"
             )
-        # compact JSON, as for json_schema guides (a schema's own x-guidance options win)
-        schema = {"x-guidance": JSON_OPTIONS, **schema}
+        # JSON as for json_schema guides: as xgrammar takes it (a schema's own x-guidance options win)
+        schema = xgrammar_schema(schema)
         tags.append(llguidance.StructTag(trigger=trigger, begin=begin, grammar=schema, end=end))
     bracketed = [t for t in triggers if t.startswith("<") and t.endswith(">")]
     return llguidance.StructTag.to_grammar(tags, assume_special=bool(bracketed) and set(bracketed) <= special)
@@ -127,17 +124,19 @@ def grammar_text(guide: Guide, special: frozenset[str] = frozenset()) -> str:
     """The guide as an llguidance grammar; raises ``InvalidInputError`` naming the guide's field.
     ``special``: the tokenizer's special tokens (``special_tokens``), for structural tags."""
     try:
+        # JSON as TensorRT-LLM's xgrammar takes it: whitespace between tokens, a schema's objects
+        # closed unless it says otherwise (guided/xgrammar_json.py)
         if guide.kind == "json":  # TensorRT-LLM's "json": xgrammar's built-in JSON (object or array)
             return llguidance.LLMatcher.grammar_from_json_schema(
                 {"type": ["object", "array"]}, defaults=JSON_OPTIONS
             )
-        if guide.kind == "json_object":
+        if guide.kind == "json_object":  # OpenAI's: any object
             return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
         if guide.kind == "json_schema":
             schema = json.loads(guide.text)
             if not isinstance(schema, dict):
                 raise InvalidInputError(guide.field, "the JSON schema must be a JSON object")
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(xgrammar_schema(schema))
         if guide.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(guide.text)
         if guide.kind == "structural_tag":

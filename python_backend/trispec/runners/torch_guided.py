@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from trispec.drafters.base import DraftProposal
-from trispec.guided.state import GrammarState
+from trispec.guided.state import GrammarState, GuidedRows
 from trispec.sampling.probs import one_hot_probs
 from trispec.step import SeqStep
 
@@ -56,10 +56,10 @@ class GuidedSide:
         states: Sequence[GrammarState | None],
         forced: Sequence[list[int]],
         proposals: list[DraftProposal],
-    ) -> tuple[list[DraftProposal], list[torch.Tensor | None]]:
+    ) -> tuple[list[DraftProposal], list[GuidedRows | None]]:
         """Forced tokens ahead of each drafter proposal, cut where the grammar stops allowing them,
         and every verify row's mask."""
-        masks: list[torch.Tensor | None] = []
+        masks: list[GuidedRows | None] = []
         for i, (s, state) in enumerate(zip(decodes, states)):
             if state is None:
                 masks.append(None)

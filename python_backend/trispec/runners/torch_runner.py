@@ -289,16 +289,19 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
         if scored:
             logits = [rows[-(len(d.tokens) + 1) :] for d, rows in zip(drafts, logits)]
         verified = verify_round(decodes, drafts, logits[: len(decodes)], self._generators, masks)
-        for s, draft, guide, outcome in zip(decodes, drafts, guides, verified):
+        for s, draft, guide, rows, outcome in zip(decodes, drafts, guides, masks, verified):
             accepted = outcome.accepted
             # the caches keep the fed tokens and the accepted drafts; the target's own token is
             # fed in the next step
             computed = s.feed_to + accepted.num_accepted
             self.target.truncate(s.seq_id, computed)
             self._rollback_draft(s.seq_id, computed)
-            grammar_end = None
-            if guide is not None and not accepted.tokens:  # the grammar allowed no token at all
-                grammar_end = GRAMMAR_COMPLETE if guide.complete else guide.dead_end_reason()
+            grammar_end, text_ends = None, ()
+            if guide is not None and not accepted.tokens:  # no token allowed: complete, or a dead end
+                dead_end = outcome.dead_end or guide.dead_end_reason()
+                grammar_end = GRAMMAR_COMPLETE if guide.complete else dead_end
+            elif guide is not None and rows is not None:  # end ids it took as text do not end it
+                text_ends = guide.text_end_ids(accepted.tokens, rows.may_end)
             results[s.seq_id] = SeqResult(
                 s.seq_id,
                 accepted.tokens,
@@ -309,6 +312,7 @@ class TorchSpecRunner(DraftSide, GraphSide, GuidedSide):
                 top_log_probs=outcome.top_log_probs,
                 prompt_log_probs=scored.get(s.seq_id),
                 grammar_end=grammar_end,
+                end_ids_as_text=text_ends,
             )
         for s in chunks:
             scores = scored.get(s.seq_id)

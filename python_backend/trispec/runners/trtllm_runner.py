@@ -32,11 +32,14 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from trispec.drafters.base import Drafter
+from trispec.guided.compiler import CompiledGrammar
+from trispec.guided.state import GrammarState
 from trispec.runners.trtllm_drafting import NO_END_ID, Draft, TrtllmDrafting
 from trispec.runners.trtllm_engines import EngineInfo, context_limit, draft_room, refusal
 from trispec.runners.trtllm_executor import Completion, TrtllmExecutor
 from trispec.sampling_params import SamplingParams
 from trispec.step import (
+    GRAMMAR_COMPLETE,
     Admitted,
     KVCacheMetrics,
     KVUsage,
@@ -243,9 +246,11 @@ class TrtllmSpecRunner:
     def _guided(self, steps: Sequence[SeqStep]) -> dict[int, SeqResult]:
         """Guided sequences: the executor's grammar state lives in its request (built at the first
         context step, advanced by each generated token), so each is ONE request for all its output,
-        masked at every step by the runtime, rather than a request per round."""
+        masked at every step by the runtime, rather than a request per round. The request's end is
+        the grammar's stop token (``_grammar_end_id``); the end ids in the text are then text, and the
+        first one where the grammar may end ends the request, as on the torch runner."""
         results: dict[int, SeqResult] = {}
-        ids: dict[int, tuple[SeqStep, int]] = {}
+        ids: dict[int, tuple[SeqStep, int, CompiledGrammar]] = {}
         for s in steps:
             seq = self._seqs[s.seq_id]
             if len(s.token_ids) > s.sampling.prompt_len:
@@ -257,7 +262,7 @@ class TrtllmSpecRunner:
                 continue
             grammar = s.sampling.grammar
             assert grammar is not None
-            end_id = self._end_id(s)
+            end_id = self._grammar_end_id(s)
             try:
                 rid = self.target.submit(
                     list(s.token_ids),
@@ -272,20 +277,39 @@ class TrtllmSpecRunner:
             except Exception as exc:
                 results[s.seq_id] = self._failed(s, f"target request refused: {exc}")
                 continue
-            ids[rid] = (s, end_id)
+            ids[rid] = (s, end_id, grammar)
         for rid, done in self.target.collect(list(ids), ROUND_TIMEOUT_S).items():
-            s, end_id = ids[rid]
+            s, end_id, grammar = ids[rid]
             if done.error is not None:
                 results[s.seq_id] = self._failed(s, f"target engine: {done.error}")
                 continue
-            tokens = [*done.tokens, end_id] if done.ended else list(done.tokens)
-            if not tokens:
+            tokens, grammar_end = list(done.tokens), None
+            if done.ended:  # on the grammar's stop token, where the grammar may end: the request's end
+                ends = s.sampling.end_ids
+                if ends:
+                    tokens.append(end_id if end_id in ends else self._end_id(s))
+                else:
+                    grammar_end = GRAMMAR_COMPLETE
+            if not tokens and grammar_end is None:
                 results[s.seq_id] = self._failed(s, "target engine returned no token")
                 continue
             seq = self._seqs[s.seq_id]
             seq.num_computed = s.feed_to + max(len(tokens) - 1, 0)
-            results[s.seq_id] = SeqResult(s.seq_id, tokens, 0, 0, seq.num_computed)
+            # the runtime's own end is the end; before it, end ids where the grammar may not end are text
+            state = GrammarState(grammar, s.sampling.end_ids, len(s.token_ids), self.vocab_size)
+            text = state.text_end_ids(done.tokens)
+            results[s.seq_id] = SeqResult(
+                s.seq_id, tokens, 0, 0, seq.num_computed, grammar_end=grammar_end, end_ids_as_text=text
+            )
         return results
+
+    def _grammar_end_id(self, step: SeqStep) -> int:
+        """A guided request's end id for TensorRT-LLM: the tokenizer's end token, which the runtime's
+        xgrammar allows exactly where the grammar may end (its ``stop_token_ids``: xgrammar
+        cpp/grammar_matcher.cc ``FillNextTokenBitmask`` adds them where ``can_reach_end``), not the
+        request's: the runtime's decoder stops on its end id wherever it comes, so a newline end id
+        the grammar allows as text would cut the answer there. Without one, the request's own."""
+        return self.end_id if self.end_id is not None else self._end_id(step)
 
     def _refusal(self, step: SeqStep) -> str | None:
         # the scheduler's context limit keeps requests from getting here

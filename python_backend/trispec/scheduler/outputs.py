@@ -51,21 +51,21 @@ def apply_result(seq: Sequence, result: SeqResult, planned_k: int, stats: Engine
     first = not seq.output_ids
     seq.stats.record_round(result.num_drafted, result.num_accepted, planned_k)
     stats.record_round(result.num_drafted, result.num_accepted, planned_k)
-    if result.grammar_end is not None:
-        seq.finish_reason = FinishReason.STOP
-        if result.grammar_end != GRAMMAR_COMPLETE:
-            seq.finish_reason, seq.error = FinishReason.GRAMMAR_DEAD_END, result.grammar_end
     new_ids: list[int] = []
-    for token in result.new_token_ids:
+    ended = False  # on an end id: emitted as a token id, but its text is not part of the output
+    for i, token in enumerate(result.new_token_ids):
         new_ids.append(token)
-        if token in seq.end_ids:
-            seq.finish_reason = FinishReason.STOP
+        if token in seq.end_ids and i not in result.end_ids_as_text:
+            seq.finish_reason, ended = FinishReason.STOP, True
             break
         if len(seq.output_ids) + len(new_ids) >= seq.max_tokens:
             seq.finish_reason = FinishReason.LENGTH
             break
-    # the end token is emitted as a token id but its text is not part of the output
-    ended = seq.finish_reason is FinishReason.STOP
+    if result.grammar_end is not None and len(new_ids) == len(result.new_token_ids) and not ended:
+        # the grammar ended it after its tokens: complete (before max_tokens could), or a dead end
+        seq.finish_reason = FinishReason.STOP
+        if result.grammar_end != GRAMMAR_COMPLETE:
+            seq.finish_reason, seq.error = FinishReason.GRAMMAR_DEAD_END, result.grammar_end
     kept, skipped, text, stopped = _push(seq, new_ids[:-1] if ended else new_ids)
     if stopped:
         # a stop string completed: drop every token after the one that completed it
