@@ -9,6 +9,7 @@ import ctypes
 import os
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,12 @@ def descendants(root: int) -> list[Process]:
     return found
 
 
-def left_behind(recorded: list[Process]) -> list[Process]:
-    """Those of ``recorded`` still running (after their parent was stopped: orphans)."""
-    return [p for p in recorded if p.alive()]
+def left_behind(recorded: list[Process], wait_s: float = 15.0) -> list[Process]:
+    """Those of ``recorded`` still running after up to ``wait_s`` (after their parent was stopped:
+    orphans). A process its parent killed may take a moment to go (its memory is freed first)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [p for p in recorded if p.alive()]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
