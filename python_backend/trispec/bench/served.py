@@ -131,7 +131,7 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
 @contextlib.contextmanager
 def _peers(
     args: argparse.Namespace, target: Path, draft: Path | None, slots: int, context: int
-) -> Iterator[dict]:
+) -> Iterator[dict[str, LlamaServer]]:
     """llama-server plain and with the draft (where there is one), ``slots`` slots, for the block."""
     with contextlib.ExitStack() as stack:
         servers: dict[str, LlamaServer] = {}

@@ -57,7 +57,8 @@ class ServedReporter:
             f"tokens, greedy, end token ignored; clients {info['clients']}; {info['repeats']} repeat(s)"
         )
         if info.get("llama_server"):
-            self.out.print(f"llama-server {info['llama_server']} on {info['target_file']}")
+            draft = f", -md {info['draft_file']}" if info.get("draft_file") else ""
+            self.out.print(f"llama-server {info['llama_server']} on {info['target_file']}{draft}")
         self.out.print(f"command: {info['command']}")
 
     def arm(self, row: dict[str, Any]) -> None:
