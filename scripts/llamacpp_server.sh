@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # llama.cpp's llama-server, the peer of `specdec-bench --workloads multiturn --llama-server PATH`
-# (issue 40). Not in CI.
+# (issue 40) and of `specdec-bench-served --llama-server PATH` (issue 55). Not in CI.
 #
 # Builds llama-server from the source vendored in the llama-cpp-python sdist, as
 # scripts/llamacpp_anchor.sh builds llama-bench (its sdist from PyPI; cmake + ninja, a few

@@ -80,17 +80,20 @@ def run_closed_loop(
     *,
     concurrency: int,
     max_tokens: int | Sequence[int],
-    num_draft_tokens: int,
+    num_draft_tokens: int | None,
     on_finish: Callable[[], None] | None = None,
     sampling: Mapping[str, Any] | None = None,
     seeds: Sequence[int] | None = None,
     guides: Sequence[Guide | None] | None = None,
     guided_end_id: int | None = None,
+    end_id: int | None = None,
 ) -> LoopResult:
     """``sampling``: temperature / top_k / top_p of every request (greedy when None); ``seeds``: the
     seed of each prompt's request, the same in every arm, so sampled arms can be compared token for
     token. ``guides``: each prompt's guide (structured output), None unguided; guided requests end with
-    ``guided_end_id`` (the rest have no end id). ``max_tokens``: one for all, or each prompt's."""
+    ``guided_end_id``, the rest with ``end_id`` (None: the engine's end ids; the bench's engines have
+    none; -1: none, as a served request with ignore_eos). ``num_draft_tokens`` None: the engine's
+    default. ``max_tokens``: one for all, or each prompt's."""
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     pending = deque(range(len(prompts)))
@@ -109,7 +112,7 @@ def run_closed_loop(
                 num_draft_tokens=num_draft_tokens,
                 seed=seeds[i] if seeds is not None else None,
                 guide=guides[i] if guides is not None else None,
-                end_id=guided_end_id if guides is not None and guides[i] is not None else None,
+                end_id=guided_end_id if guides is not None and guides[i] is not None else end_id,
                 **(sampling or {}),
             )
             prompt_of[engine.add_request(request)] = i

@@ -7,6 +7,11 @@ its ``cache_prompt``, so N + 1 interleaved conversations on N slots never hit). 
 ``POST /completion`` streamed (``cache_prompt`` on, greedy): the time to its first streamed piece is
 the first-token time; its final event's ``timings`` say how many prompt tokens it computed
 (``prompt_n``) and took from the slot (``cache_n``; older builds: ``tokens_cached``).
+
+``specdec-bench-served`` starts it too, through its OpenAI endpoint: ``cache_prompt=False`` (every
+prompt computed: ``--no-cache-prompt --cache-ram 0``) and, with ``draft``, speculative decoding on a
+draft GGUF file (``-md FILE --spec-type draft-simple --spec-draft-n-max N``: this llama.cpp no longer
+takes ``--draft-max``, and ``-md`` alone loads the draft without drafting with it).
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ import http.client
 import json
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from trispec.bench.children import stop_with_parent
 
 
 @dataclass(frozen=True)
@@ -46,27 +54,73 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def llama_server_command(
+    binary: Path,
+    model: Path,
+    *,
+    threads: int,
+    slots: int,
+    context: int,
+    port: int,
+    draft: Path | None = None,
+    draft_max: int = 4,
+    cache_prompt: bool = True,
+) -> list[str]:
+    """``slots`` slots of ``context`` tokens each; the draft (if any) on the same threads."""
+    command = [
+        str(binary), "-m", str(model), "-t", str(threads), "--parallel", str(slots),
+        "-c", str(context * slots), "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    if not cache_prompt:
+        command += ["--no-cache-prompt", "--cache-ram", "0"]
+    if draft is not None:
+        command += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max)]
+        command += ["-td", str(threads)]
+    return command
+
+
 class LlamaServer:
     name = "llama-server"
 
     def __init__(
-        self, binary: Path, model: Path, *, threads: int, slots: int = 1, context: int = 8192
+        self,
+        binary: Path,
+        model: Path,
+        *,
+        threads: int,
+        slots: int = 1,
+        context: int = 8192,
+        draft: Path | None = None,
+        draft_max: int = 4,
+        cache_prompt: bool = True,
     ) -> None:
         self.port = _free_port()
-        command = [
-            str(binary), "-m", str(model), "-t", str(threads), "--parallel", str(slots),
-            "-c", str(context * slots), "--host", "127.0.0.1", "--port", str(self.port),
-        ]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self._wait_ready(600.0)
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = llama_server_command(
+            binary, model, threads=threads, slots=slots, context=context, port=self.port, draft=draft,
+            draft_max=draft_max, cache_prompt=cache_prompt,
+        )  # fmt: skip
+        # its log goes to a file: a pipe nobody reads fills up, and the server blocks writing to it
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 -- open while the server runs; close() closes it
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=self.log, preexec_fn=stop_with_parent
+        )
+        try:
+            self._wait_ready(600.0)
+        except BaseException:  # Ctrl-C while it loads too: no server left behind
+            self.close()
+            raise
+
+    def _log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-2000:]
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"llama-server exited ({self.process.returncode}): {self.process.stderr.read()[-2000:]}"
-                )  # type: ignore[union-attr]
+                tail = self._log_tail()
+                raise RuntimeError(f"llama-server exited ({self.process.returncode}): {tail}")
             try:
                 connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
                 connection.request("GET", "/health")
@@ -75,7 +129,6 @@ class LlamaServer:
             except OSError:
                 pass
             time.sleep(0.5)
-        self.close()
         raise RuntimeError(f"llama-server was not ready within {timeout_s:.0f} s")
 
     def reply(self, prompt: str, max_tokens: int) -> Reply:
@@ -123,3 +176,4 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.log.close()
